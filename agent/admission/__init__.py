@@ -1,0 +1,1 @@
+"""Admission domain: the pure decision rules (memory space, compute rate, trust, placement)."""

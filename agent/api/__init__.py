@@ -1,0 +1,1 @@
+"""The edges: gRPC service, HTTP health and metrics. Only this layer maps errors to gRPC."""

@@ -1,0 +1,91 @@
+"""Prometheus metrics, collected at scrape time from the agent's live state.
+
+Every family has the ``gpushare_`` prefix and a unit suffix where it has a unit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent import __version__
+from agent.core.types import NodeSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryStats:
+    source: str
+    samples_total: int
+    errors_total: int
+
+
+class AgentCollector(Collector):
+    def __init__(
+        self,
+        snapshot: Callable[[], NodeSnapshot],
+        telemetry: Callable[[], TelemetryStats],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._snapshot = snapshot
+        self._telemetry = telemetry
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot()
+        yield from self._node(snapshot)
+        yield from self._devices(snapshot)
+        yield from self._telemetry_families(snapshot)
+
+    def _node(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "gpushare_build_info",
+            "Agent version and mode; always 1.",
+            labels=["version", "simulated", "node"],
+        )
+        info.add_metric([__version__, str(snapshot.simulated).lower(), snapshot.node_name], 1)
+        yield info
+
+    def _devices(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
+        memory = GaugeMetricFamily(
+            "gpushare_device_memory_bytes",
+            "Total memory of each schedulable device.",
+            labels=["device", "index", "model"],
+        )
+        for d in snapshot.devices:
+            memory.add_metric([d.uuid, str(d.index), d.model], d.memory_bytes)
+        yield memory
+        up = GaugeMetricFamily(
+            "gpushare_mps_daemon_up",
+            "1 when the device's MPS control daemon answers.",
+            labels=["device", "backend"],
+        )
+        for m in snapshot.mps:
+            up.add_metric([m.device_uuid, m.backend], 1.0 if m.up else 0.0)
+        yield up
+
+    def _telemetry_families(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
+        stats = self._telemetry()
+        samples = CounterMetricFamily(
+            "gpushare_telemetry_samples", "Device samples read.", labels=["source"]
+        )
+        samples.add_metric([stats.source], stats.samples_total)
+        yield samples
+        errors = CounterMetricFamily(
+            "gpushare_telemetry_errors", "Failed reads of the counter source.", labels=["source"]
+        )
+        errors.add_metric([stats.source], stats.errors_total)
+        yield errors
+        age = GaugeMetricFamily(
+            "gpushare_telemetry_sample_age_seconds",
+            "Age of each device's newest sample.",
+            labels=["device"],
+        )
+        now = self._clock()
+        for s in snapshot.latest_samples:
+            age.add_metric([s.device_uuid], max(0.0, now - s.taken_at))
+        yield age

@@ -1,0 +1,34 @@
+"""Regenerate the checked-in gRPC modules from ``agent.proto`` (needs the dev extra).
+
+    python -m agent.api.proto.generate [OUTPUT_ROOT]
+
+OUTPUT_ROOT defaults to the repository root; a test regenerates into a temporary folder
+and checks that the result equals what is checked in.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PROTO = "agent/api/proto/agent.proto"
+
+
+def generate(repo_root: Path, out_root: Path) -> None:
+    from grpc_tools import protoc  # dev-only dependency
+
+    args = [
+        "protoc",
+        f"-I{repo_root}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        str(repo_root / PROTO),
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+
+
+if __name__ == "__main__":
+    root = Path(__file__).resolve().parents[3]
+    generate(root, Path(sys.argv[1]) if len(sys.argv) > 1 else root)

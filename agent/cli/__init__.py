@@ -1,0 +1,1 @@
+"""The ``gpushare`` command: ``serve`` and the on-call commands."""

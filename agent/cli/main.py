@@ -1,0 +1,252 @@
+"""``gpushare``: run the node agent and look into it.
+
+Settings come from a YAML file (``--config``), then ``GPUSHARE_*`` environment variables,
+then flags; ``gpushare config show`` prints the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import yaml
+
+from agent import __version__
+from agent.cli import exits
+from agent.cli.client import AgentUnreachable, get_node
+from agent.cli.render import message_dict, table, to_json
+from agent.config import Settings, load_settings, settings_as_dict
+from agent.config.loading import env_name, setting_fields
+from agent.core.errors import (
+    AlreadyRunningError,
+    ConfigError,
+    GpushareError,
+    SimulationError,
+)
+from agent.core.units import format_bytes
+
+DEFAULT_CONFIG = "/etc/gpushare/config.yaml"
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"gpushare: {message}", err=True)
+    sys.exit(code)
+
+
+def resolve_settings(ctx: click.Context, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Effective settings for this invocation; exits 2 with the key on a bad value."""
+    config_path: str | None = ctx.obj["config"]
+    socket: str | None = ctx.obj["socket"]
+    text = None
+    path = config_path or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            fail(f"cannot read config file {path}: {exc.strerror}", exits.CONFIG)
+    flags = dict(overrides or {})
+    if socket:
+        flags["api.unix_socket"] = socket
+    try:
+        return load_settings(text, env=os.environ, overrides=flags, source=path or "config")
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", exits.CONFIG)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "--version", "-V", prog_name="gpushare")
+@click.option(
+    "--config",
+    "-c",
+    "config",
+    envvar="GPUSHARE_CONFIG",
+    metavar="FILE",
+    help=f"YAML settings file (version: 1). Default: {DEFAULT_CONFIG} if present. "
+    "Env: GPUSHARE_CONFIG.",
+)
+@click.option(
+    "--socket",
+    "socket",
+    envvar="GPUSHARE_SOCKET",
+    metavar="PATH",
+    help="The agent's Unix socket (overrides api.unix_socket). Env: GPUSHARE_SOCKET.",
+)
+@click.pass_context
+def cli(ctx: click.Context, config: str | None, socket: str | None) -> None:
+    """gpushare: a node-local GPU sharing agent (CUDA MPS with limits, leases, admission).
+
+    Start it with `gpushare serve` (`--sim` on a machine without GPUs), then ask it
+    with `gpushare status`. Exit codes: 0 ok, 1 failure, 2 configuration or usage
+    error, 3 another agent already serves the socket, 4 the agent cannot be reached.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj.update(config=config, socket=socket)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option(
+    "--sim",
+    "sim",
+    is_flag=False,
+    flag_value="-",
+    default=None,
+    metavar="[NODE.yaml]",
+    help="Run on a simulated node: 4 x H100 80GB, or the devices in NODE.yaml.",
+)
+@click.option(
+    "--http-listen",
+    metavar="HOST:PORT",
+    help="Address for /metrics, /healthz, /readyz (api.http_listen; '' disables).",
+)
+@click.option(
+    "--tcp-listen", metavar="HOST:PORT", help="gRPC listener for the scheduler (api.tcp_listen)."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="runtime.log_level",
+)
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="runtime.log_format")
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override any setting, e.g. --set telemetry.window_s=5 (repeatable).",
+)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    sim: str | None,
+    http_listen: str | None,
+    tcp_listen: str | None,
+    log_level: str | None,
+    log_format: str | None,
+    assignments: tuple[str, ...],
+) -> None:
+    """Run the agent in the foreground until SIGTERM or SIGINT.
+
+    Without --sim the agent needs an NVIDIA driver and refuses to start if there is none.
+    """
+    flags = _assignments(assignments)
+    named = {
+        "api.http_listen": http_listen,
+        "api.tcp_listen": tcp_listen,
+        "runtime.log_level": log_level,
+        "runtime.log_format": log_format,
+    }
+    flags.update({k: v for k, v in named.items() if v is not None})
+    if sim is not None:
+        flags["sim.enabled"] = True
+        if sim != "-":
+            flags["sim.node_file"] = sim
+    settings = resolve_settings(ctx, flags)
+    sys.exit(_run_agent(settings))
+
+
+def _assignments(items: tuple[str, ...]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--set expects KEY=VALUE (got {item!r})", exits.CONFIG)
+        result[key.strip()] = value
+    return result
+
+
+def _run_agent(settings: Settings) -> int:
+    from agent.runtime.app import App
+    from agent.runtime.logs import setup_logging
+
+    try:
+        app = App(settings)
+        setup_logging(level=settings.runtime.log_level, fmt=settings.runtime.log_format)
+        return asyncio.run(app.run())
+    except (ConfigError, SimulationError) as exc:
+        fail(f"configuration error: {exc}", exits.CONFIG)
+    except AlreadyRunningError as exc:
+        fail(str(exc), exits.ALREADY_RUNNING)
+    except GpushareError as exc:
+        fail(str(exc), exits.FAILURE)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for the agent.",
+)
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, timeout_s: float) -> None:
+    """Show the node's devices, their MPS daemons and latest counters."""
+    settings = resolve_settings(ctx)
+    try:
+        node = get_node(settings.unix_socket_path, timeout_s=timeout_s)
+    except AgentUnreachable as exc:
+        fail(str(exc), exits.UNREACHABLE)
+    if as_json:
+        click.echo(to_json(message_dict(node)))
+        return
+    click.echo(_status_text(node))
+
+
+def _status_text(node: Any) -> str:
+    mps = {m.device_uuid: m for m in node.mps}
+    samples = {s.device_uuid: s for s in node.latest_samples}
+    rows = []
+    for d in node.devices:
+        daemon = mps.get(d.uuid)
+        sample = samples.get(d.uuid)
+        rows.append(
+            [
+                d.index,
+                d.uuid,
+                d.model + (f" [{d.mig_profile}]" if d.mig_profile else ""),
+                format_bytes(d.memory_bytes),
+                d.sharing_mode,
+                ("up" if daemon.up else "DOWN") if daemon else "-",
+                f"{sample.counters.get('gpu_util', 0.0):.0f}%" if sample else "-",
+            ]
+        )
+    mode = "simulated node" if node.simulated else "real node"
+    header = f"node {node.node_name} ({mode}), agent {node.agent_version}"
+    body = table(["IDX", "UUID", "MODEL", "MEMORY", "MODE", "MPS", "GPU UTIL"], rows)
+    return f"{header}\n{body}"
+
+
+@cli.group(context_settings=CONTEXT)
+def config() -> None:
+    """Inspect the configuration."""
+
+
+@config.command("show", context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of YAML.")
+@click.option(
+    "--doc",
+    is_flag=True,
+    help="List every setting with its environment variable and meaning instead.",
+)
+@click.pass_context
+def config_show(ctx: click.Context, as_json: bool, doc: bool) -> None:
+    """Print the effective configuration (file < GPUSHARE_* environment < flags)."""
+    settings = resolve_settings(ctx.find_root())
+    if doc:
+        for key, f in setting_fields().items():
+            click.echo(f"{key}  ({env_name(key)})\n    {f.metadata['doc']}")
+        return
+    values = settings_as_dict(settings)
+    click.echo(to_json(values) if as_json else yaml.safe_dump(values, sort_keys=False).rstrip())
+
+
+def main() -> None:
+    cli(obj={})

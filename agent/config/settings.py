@@ -1,0 +1,134 @@
+"""Every setting of the agent, grouped, with its default and what it means.
+
+Each field carries ``doc`` (shown by ``gpushare config show --doc`` and in
+``docs/configuration.md``) and optionally ``min``/``choices`` for validation. Defaults
+that are paths depend on who runs the agent: root gets the system paths (``/run``,
+``/var/lib``), anyone else gets per-user paths, so a developer can run the simulated node
+without privileges.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+CONFIG_VERSION = 1
+
+
+def _setting(default: Any, doc: str, **rules: Any) -> Any:
+    """A setting: its default, what it means (``doc``), and ``min``/``max``/``choices``.
+
+    ``default_doc`` replaces the default in the reference where the default depends on the
+    machine (paths by user, the host name).
+    """
+    return field(default=default, metadata={"doc": doc, **rules})
+
+
+def _runtime_dir() -> str:
+    if os.geteuid() == 0:
+        return "/run/gpushare"
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return f"{base}/gpushare-{os.geteuid()}"
+
+
+def _state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/gpushare"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return f"{base}/gpushare"
+
+
+@dataclass(frozen=True, slots=True)
+class PathSettings:
+    runtime_dir: str = _setting(
+        _runtime_dir(),
+        "Directory for the CLI socket, the instance lock and MPS pipe directories.",
+        default_doc="/run/gpushare (root) or $XDG_RUNTIME_DIR/gpushare-<uid>",
+    )
+    state_dir: str = _setting(
+        _state_dir(),
+        "Directory for durable state (the lease store).",
+        default_doc="/var/lib/gpushare (root) or $XDG_STATE_HOME/gpushare",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    unix_socket: str = _setting(
+        "",
+        "Path of the gRPC Unix socket the CLI uses (mode 0660). Empty: <runtime_dir>/agent.sock.",
+    )
+    tcp_listen: str = _setting(
+        "", "host:port of the gRPC listener for the scheduler. Empty: no TCP listener."
+    )
+    http_listen: str = _setting(
+        "127.0.0.1:9808",
+        "host:port of the HTTP server for /metrics, /healthz and /readyz. Empty: disabled.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MpsSettings:
+    default_thread_pct: float = _setting(
+        100.0,
+        "Default active-thread percentage applied to each device's MPS control daemon.",
+        min=0.1,
+        max=100.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    sample_interval_s: float = _setting(
+        1.0, "Seconds between two counter samples of every device.", min=0.01
+    )
+    window_s: float = _setting(10.0, "Length in seconds of a fixed aggregation window.", min=0.01)
+    stale_after_s: float = _setting(
+        5.0,
+        "A device whose newest sample is older than this is 'stale': no decision uses it.",
+        min=0.01,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    node_name: str = _setting(
+        socket.gethostname(),
+        "Name of this node in events, metrics and GetNode.",
+        default_doc="the host name",
+    )
+    shutdown_grace_s: float = _setting(
+        10.0,
+        "On SIGTERM/SIGINT, seconds allowed for an orderly stop before tasks are cancelled "
+        "and child processes killed; the process exits within this time.",
+        min=0.5,
+    )
+    log_level: str = _setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    log_format: str = _setting("text", "Log line format.", choices=("text", "json"))
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    enabled: bool = _setting(
+        False, "Run on a simulated node instead of real GPUs (also: serve --sim)."
+    )
+    node_file: str = _setting(
+        "",
+        "YAML description of the simulated node's devices. Empty: 4 x H100 80GB.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    paths: PathSettings = field(default_factory=PathSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
+    mps: MpsSettings = field(default_factory=MpsSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    sim: SimSettings = field(default_factory=SimSettings)
+
+    @property
+    def unix_socket_path(self) -> str:
+        return self.api.unix_socket or f"{self.paths.runtime_dir}/agent.sock"

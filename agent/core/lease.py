@@ -1,0 +1,89 @@
+"""Leases and their state machine.
+
+    reserved ──► admitted ──► ready ──► released | evicted | failed
+        │            │
+        │            ├──► ineffective   (never ready by its deadline)
+        │            └──► released | evicted | failed
+        └──► expired | released         (TTL passed, or aborted)
+
+Terminal states have no way out. Every allowed transition is listed in
+:data:`ALLOWED_TRANSITIONS`; :func:`transition` is the only way to change a lease's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from agent.core.errors import LeaseTransitionError
+from agent.core.types import PriorityClass
+
+
+class LeaseState(enum.StrEnum):
+    RESERVED = "reserved"
+    ADMITTED = "admitted"
+    READY = "ready"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    EVICTED = "evicted"
+    FAILED = "failed"
+    INEFFECTIVE = "ineffective"
+
+    @property
+    def is_terminal(self) -> bool:
+        return not ALLOWED_TRANSITIONS[self]
+
+    @property
+    def holds_capacity(self) -> bool:
+        """Reserved, admitted and ready leases hold memory and threads on their device."""
+        return self in (LeaseState.RESERVED, LeaseState.ADMITTED, LeaseState.READY)
+
+
+_S = LeaseState
+ALLOWED_TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
+    _S.RESERVED: frozenset({_S.ADMITTED, _S.EXPIRED, _S.RELEASED}),
+    _S.ADMITTED: frozenset({_S.READY, _S.INEFFECTIVE, _S.RELEASED, _S.EVICTED, _S.FAILED}),
+    _S.READY: frozenset({_S.RELEASED, _S.EVICTED, _S.FAILED}),
+    _S.RELEASED: frozenset(),
+    _S.EXPIRED: frozenset(),
+    _S.EVICTED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.INEFFECTIVE: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One admitted claim on a device, with the limits its clients run under."""
+
+    lease_id: str
+    request_id: str
+    tenant: str
+    trust_domain: str
+    device_uuid: str
+    priority: PriorityClass
+    memory_bytes: int
+    thread_pct: float
+    state: LeaseState
+    created_at: float
+    updated_at: float
+    profile: str | None = None
+    retention_floor: float | None = None
+    ready_deadline_at: float | None = None
+    expires_at: float | None = None
+    client_pids: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def can_transition(current: LeaseState, target: LeaseState) -> bool:
+    return target in ALLOWED_TRANSITIONS[current]
+
+
+def transition(lease: Lease, target: LeaseState, *, at: float, reason: str = "") -> Lease:
+    """Return the lease in ``target`` state, or raise if the state machine forbids it."""
+    if not can_transition(lease.state, target):
+        raise LeaseTransitionError(
+            f"lease {lease.lease_id}: {lease.state.value} -> {target.value} is not allowed"
+        )
+    return dataclasses.replace(lease, state=target, updated_at=at, reason=reason)

@@ -1,0 +1,193 @@
+"""The agent's vocabulary as frozen dataclasses.
+
+Units are in the field names (``memory_bytes``, ``window_s``, ``thread_pct``). Times are
+seconds since the Unix epoch (``*_at``) or durations in seconds (``*_s``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from agent.core.errors import ValidationError
+
+
+class SharingMode(enum.StrEnum):
+    """How a device is shared: one lease at a time, or many clients of one MPS server."""
+
+    EXCLUSIVE = "exclusive"
+    MPS = "mps"
+
+
+class PriorityClass(enum.StrEnum):
+    """Priority of a lease. Only ``best-effort`` leases may be preempted or evicted."""
+
+    GUARANTEED = "guaranteed"
+    BURSTABLE = "burstable"
+    BEST_EFFORT = "best-effort"
+
+    @property
+    def rank(self) -> int:
+        """Higher is more important: guaranteed 2, burstable 1, best-effort 0."""
+        return {"guaranteed": 2, "burstable": 1, "best-effort": 0}[self.value]
+
+
+class ReasonCode(enum.StrEnum):
+    """Why an admission was refused. Every rejection carries one, plus a sentence."""
+
+    NO_MEMORY = "NO_MEMORY"
+    NO_COMPUTE = "NO_COMPUTE"
+    TRUST_CONFLICT = "TRUST_CONFLICT"
+    RETENTION_BELOW_FLOOR = "RETENTION_BELOW_FLOOR"
+    DEVICE_DEGRADED = "DEVICE_DEGRADED"
+    DRAINING = "DRAINING"
+    MODEL_MISMATCH = "MODEL_MISMATCH"
+    CLIENT_LIMIT = "CLIENT_LIMIT"
+    EXCLUSIVE_BUSY = "EXCLUSIVE_BUSY"
+    DEVICE_UNAVAILABLE = "DEVICE_UNAVAILABLE"
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A schedulable unit: a whole GPU or a MIG instance, identified by UUID."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_bytes: int
+    sharing_mode: SharingMode = SharingMode.MPS
+    compute_capability: tuple[int, int] = (9, 0)
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.uuid:
+            raise ValidationError("uuid", "a device needs a UUID")
+        if self.index < 0:
+            raise ValidationError("index", f"device index {self.index} is negative")
+        if self.memory_bytes <= 0:
+            raise ValidationError("memory_bytes", f"device {self.uuid} has no memory")
+
+    @property
+    def is_mig(self) -> bool:
+        return self.parent_uuid is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """What a caller asks for: memory and compute on one device of this node."""
+
+    request_id: str
+    tenant: str
+    trust_domain: str
+    priority: PriorityClass
+    memory_bytes: int
+    thread_pct: float
+    profile: str | None = None
+    retention_floor: float | None = None
+    gpu_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAttempt:
+    """Why one device did or did not take a request; part of every explanation."""
+
+    device_uuid: str
+    fits: bool
+    reason: ReasonCode | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to a request: admitted onto a device, or refused with a reason."""
+
+    admitted: bool
+    device_uuid: str | None = None
+    reason: ReasonCode | None = None
+    message: str = ""
+    attempts: tuple[DeviceAttempt, ...] = ()
+    preempted_lease_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.admitted and self.device_uuid is None:
+            raise ValidationError("device_uuid", "an admitted decision names its device")
+        if not self.admitted and self.reason is None:
+            raise ValidationError("reason", "a refusal carries a reason code")
+
+
+def _frozen_counters(values: Mapping[str, float]) -> Mapping[str, float]:
+    return MappingProxyType(dict(values))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One reading of a device's counters, canonical names, at ``taken_at``."""
+
+    device_uuid: str
+    taken_at: float
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counters", _frozen_counters(self.counters))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSample:
+    """Counters of one device aggregated over a fixed window: per-field mean and max."""
+
+    device_uuid: str
+    start_at: float
+    window_s: float
+    sample_count: int
+    mean: Mapping[str, float] = field(default_factory=dict)
+    max: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", _frozen_counters(self.mean))
+        object.__setattr__(self, "max", _frozen_counters(self.max))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something the agent did or saw. ``seq`` increases monotonically per node."""
+
+    seq: int
+    at: float
+    kind: str
+    message: str
+    device_uuid: str | None = None
+    lease_id: str | None = None
+    attrs: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
+
+
+@dataclass(frozen=True, slots=True)
+class MpsDaemonState:
+    """What the agent knows about the MPS control daemon of one device."""
+
+    device_uuid: str
+    up: bool
+    backend: str
+    pid: int | None = None
+    restarts: int = 0
+    default_thread_pct: float | None = None
+    default_memory_limit_bytes: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """The node as the API and the metrics see it at one instant."""
+
+    node_name: str
+    simulated: bool
+    taken_at: float
+    devices: tuple[Device, ...]
+    mps: tuple[MpsDaemonState, ...] = ()
+    latest_samples: tuple[Sample, ...] = ()

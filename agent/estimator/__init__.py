@@ -1,0 +1,1 @@
+"""Estimator domain: the Random Forest retention estimator and its features."""

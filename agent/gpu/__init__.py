@@ -1,0 +1,1 @@
+"""GPU domain: device inventory and counter telemetry behind narrow ports."""

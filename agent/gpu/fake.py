@@ -1,0 +1,98 @@
+"""Fakes of the GPU ports, shared by the simulated node and the tests.
+
+Build them with :meth:`FakeGpuBackend.with_gpus`; make them fail with ``fail_with``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from agent.core.errors import GpuError
+from agent.core.types import Device, Sample, SharingMode
+from agent.core.units import GIB
+
+IDLE_COUNTERS: Mapping[str, float] = {
+    "gpu_util": 0.0,
+    "mem_util": 0.0,
+    "sm_active": 0.0,
+    "fb_used_bytes": 0.0,
+    "power_w": 70.0,
+    "sm_clock_mhz": 345.0,
+    "temperature_c": 32.0,
+}
+
+
+def fake_uuid(prefix: str, seed: str, position: int) -> str:
+    """A stable UUID in NVIDIA's printed form (``GPU-xxxxxxxx-xxxx-...``) for a fake device."""
+    digest = hashlib.sha256(f"{seed}/{position}".encode()).hexdigest()
+    return f"{prefix}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+class FakeGpuBackend:
+    """An in-memory device inventory."""
+
+    name = "simulated"
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        self._devices = list(devices)
+        self.started = False
+        self.fail_with: GpuError | None = None
+
+    @classmethod
+    def with_gpus(
+        cls, count: int, *, model: str = "H100-SXM5-80GB", memory_bytes: int = 80 * GIB
+    ) -> FakeGpuBackend:
+        devices = [
+            Device(
+                uuid=fake_uuid("GPU", model, i),
+                index=i,
+                model=model,
+                memory_bytes=memory_bytes,
+                sharing_mode=SharingMode.MPS,
+            )
+            for i in range(count)
+        ]
+        return cls(devices)
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def aclose(self) -> None:
+        self.started = False
+
+    async def list_devices(self) -> list[Device]:
+        if self.fail_with is not None:
+            raise self.fail_with
+        return list(self._devices)
+
+
+class FakeTelemetrySource:
+    """Counters from a function of (device, time); idle counters by default."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        counters: Callable[[Device, float], Mapping[str, float]] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._counters = counters or (lambda _device, _now: IDLE_COUNTERS)
+        self._clock = clock
+        self.fail_with: Exception | None = None
+        self.reads = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    async def read(self, devices: Sequence[Device]) -> list[Sample]:
+        self.reads += 1
+        if self.fail_with is not None:
+            raise self.fail_with
+        now = self._clock()
+        return [Sample(d.uuid, now, self._counters(d, now)) for d in devices]

@@ -1,0 +1,32 @@
+"""Ports of the GPU domain. Adapters: NVML and DCGM (real nodes), fakes (simulated node)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from agent.core.types import Device, Sample
+
+
+class GpuBackend(Protocol):
+    """The node's device inventory. ``start`` initialises the library; constructors do no I/O."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def list_devices(self) -> list[Device]: ...
+
+
+class TelemetrySource(Protocol):
+    """Reads one sample of counters (canonical names) for each of the given devices."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def read(self, devices: Sequence[Device]) -> list[Sample]: ...

@@ -1,0 +1,1 @@
+"""The composition root (``app.py``) and the task supervisor (``tasks.py``)."""

@@ -1,0 +1,1 @@
+"""State domain: the durable store of leases, reservations and events."""

@@ -1,0 +1,55 @@
+"""Shared test set-up: markers that skip with a reason, unit-test timeouts, and a check
+that no asyncio task outlives the test that started it."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+UNIT_TIMEOUT_S = 5
+
+
+@cache
+def nvml_unavailable_reason() -> str | None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return f"needs an NVIDIA GPU and driver (NVML: {exc})"
+    pynvml.nvmlShutdown()
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        if "unit" in path.parts and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+        if item.get_closest_marker("gpu") and (reason := nvml_unavailable_reason()):
+            item.add_marker(pytest.mark.skip(reason=reason))
+        if item.get_closest_marker("mps_binary") and not shutil.which("nvidia-cuda-mps-control"):
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="needs nvidia-cuda-mps-control (Debian non-free package nvidia-cuda-mps)"
+                )
+            )
+        function = getattr(item, "function", None)
+        if function is not None and asyncio.iscoroutinefunction(function):
+            item.fixturenames.append("no_leftover_tasks")  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def no_leftover_tasks() -> AsyncIterator[None]:
+    """Fail an async test that leaves tasks running behind it."""
+    yield
+    current = asyncio.current_task()
+    leftovers = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    for task in leftovers:
+        task.cancel()
+    assert not leftovers, f"tasks left running: {[t.get_name() for t in leftovers]}"

@@ -1,0 +1,68 @@
+"""Helpers shared by integration and e2e tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from agent.config import Settings, load_settings
+from agent.runtime.app import App, Ports
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def short_dir() -> Iterator[Path]:
+    """A temporary directory with a short path: Unix socket paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sim_settings(root: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "paths.runtime_dir": str(root / "run"),
+        "paths.state_dir": str(root / "state"),
+        "api.http_listen": "127.0.0.1:0",
+        "sim.enabled": True,
+        "runtime.shutdown_grace_s": 5,
+    }
+    values.update(overrides)
+    return load_settings(overrides=values)
+
+
+@contextlib.asynccontextmanager
+async def running_app(settings: Settings, ports: Ports | None = None) -> AsyncIterator[App]:
+    """Run an App in this event loop until the block ends; fail if it does not come up."""
+    app = App(settings, ports=ports)
+    task = asyncio.create_task(app.run(), name="app-under-test")
+    ready = asyncio.create_task(app.ready.wait())
+    await asyncio.wait([task, ready], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    if not ready.done():
+        ready.cancel()
+        await asyncio.gather(ready, return_exceptions=True)
+        await task  # raises the start-up error, if any
+        raise AssertionError("the app stopped before it was ready")
+    try:
+        yield app
+    finally:
+        app.request_stop()
+        await asyncio.wait_for(task, timeout=10)
+
+
+def agent_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agent", *args]
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    return env

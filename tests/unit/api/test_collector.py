@@ -1,0 +1,42 @@
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.api.collector import AgentCollector, TelemetryStats
+from agent.core.types import Device, MpsDaemonState, NodeSnapshot, Sample
+
+
+def scrape(snapshot: NodeSnapshot, stats: TelemetryStats, now: float) -> dict[str, list]:
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(lambda: snapshot, lambda: stats, clock=lambda: now))
+    text = generate_latest(registry).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_families_follow_the_live_state() -> None:
+    devices = (Device("GPU-a", 0, "H100", 80), Device("GPU-b", 1, "H100", 40))
+    snapshot = NodeSnapshot(
+        node_name="n1",
+        simulated=True,
+        taken_at=100.0,
+        devices=devices,
+        mps=(
+            MpsDaemonState("GPU-a", up=True, backend="simulated"),
+            MpsDaemonState("GPU-b", up=False, backend="simulated"),
+        ),
+        latest_samples=(Sample("GPU-a", 97.5, {}),),
+    )
+    families = scrape(snapshot, TelemetryStats("simulated", 12, 3), now=100.0)
+
+    memory = {s.labels["device"]: s.value for s in families["gpushare_device_memory_bytes"]}
+    assert memory == {"GPU-a": 80, "GPU-b": 40}
+    up = {s.labels["device"]: s.value for s in families["gpushare_mps_daemon_up"]}
+    assert up == {"GPU-a": 1.0, "GPU-b": 0.0}
+    (age,) = families["gpushare_telemetry_sample_age_seconds"]
+    assert age.value == 2.5
+    samples = {s.name: s.value for s in families["gpushare_telemetry_samples"]}
+    assert samples["gpushare_telemetry_samples_total"] == 12
+    errors = {s.name: s.value for s in families["gpushare_telemetry_errors"]}
+    assert errors["gpushare_telemetry_errors_total"] == 3
+    (info,) = families["gpushare_build_info"]
+    assert info.labels["simulated"] == "true" and info.labels["node"] == "n1"
