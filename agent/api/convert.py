@@ -31,6 +31,9 @@ def mps_to_pb(state: MpsDaemonState) -> pb.MpsDaemon:
         default_thread_pct=state.default_thread_pct or 0.0,
         default_memory_limit_bytes=state.default_memory_limit_bytes or 0,
         detail=state.detail,
+        pipe_dir=state.pipe_dir,
+        servers=[pb.MpsServer(pid=s.pid, client_pids=s.client_pids) for s in state.servers],
+        defaults_drift_total=state.defaults_drift_total,
     )
 
 

@@ -61,9 +61,9 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        server.add_insecure_port(f"unix:{self._unix_socket}")
+        self._bind(server, f"unix:{self._unix_socket}", "api.unix_socket")
         if self._tcp_listen:
-            self.tcp_port = server.add_insecure_port(self._tcp_listen)
+            self.tcp_port = self._bind(server, self._tcp_listen, "api.tcp_listen")
         await server.start()
         os.chmod(self._unix_socket, SOCKET_MODE)
         serving = health_pb2.HealthCheckResponse.SERVING
@@ -75,6 +75,13 @@ class GrpcServer:
             self._unix_socket,
             f" and {self._tcp_listen}" if self._tcp_listen else "",
         )
+
+    @staticmethod
+    def _bind(server: grpc.aio.Server, address: str, key: str) -> int:
+        try:
+            return server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise GpushareError(f"cannot serve gRPC on {address}: {exc} (see {key})") from exc
 
     async def stop(self, grace_s: float) -> None:
         if self._server is None:

@@ -13,6 +13,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from agent.core.errors import GpushareError
+
 log = logging.getLogger(__name__)
 
 
@@ -44,7 +46,9 @@ class HttpServer:
 
     def __init__(self, app: web.Application, *, listen: str) -> None:
         self._app = app
-        self._host, _, port = listen.rpartition(":")
+        host, _, port = listen.rpartition(":")
+        self._listen = listen
+        self._host = host.strip("[]")
         self._port = int(port)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -53,7 +57,14 @@ class HttpServer:
         runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self._host or "127.0.0.1", self._port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise GpushareError(
+                f"cannot serve HTTP on {self._listen}: {exc.strerror or exc} "
+                "(change api.http_listen, or '' to disable)"
+            ) from exc
         self._runner = runner
         server = site._server  # the bound asyncio server, to learn an ephemeral port
         sockets = getattr(server, "sockets", None) or []

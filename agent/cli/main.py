@@ -7,11 +7,8 @@ then flags; ``gpushare config show`` prints the result.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 import yaml
@@ -19,8 +16,9 @@ import yaml
 from agent import __version__
 from agent.cli import exits
 from agent.cli.client import AgentUnreachable, get_node
+from agent.cli.common import CONTEXT, DEFAULT_CONFIG, fail, resolve_settings
 from agent.cli.render import message_dict, table, to_json
-from agent.config import Settings, load_settings, settings_as_dict
+from agent.config import Settings, settings_as_dict
 from agent.config.loading import env_name, setting_fields
 from agent.core.errors import (
     AlreadyRunningError,
@@ -29,34 +27,6 @@ from agent.core.errors import (
     SimulationError,
 )
 from agent.core.units import format_bytes
-
-DEFAULT_CONFIG = "/etc/gpushare/config.yaml"
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def fail(message: str, code: int) -> NoReturn:
-    click.echo(f"gpushare: {message}", err=True)
-    sys.exit(code)
-
-
-def resolve_settings(ctx: click.Context, overrides: Mapping[str, Any] | None = None) -> Settings:
-    """Effective settings for this invocation; exits 2 with the key on a bad value."""
-    config_path: str | None = ctx.obj["config"]
-    socket: str | None = ctx.obj["socket"]
-    text = None
-    path = config_path or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
-    if path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            fail(f"cannot read config file {path}: {exc.strerror}", exits.CONFIG)
-    flags = dict(overrides or {})
-    if socket:
-        flags["api.unix_socket"] = socket
-    try:
-        return load_settings(text, env=os.environ, overrides=flags, source=path or "config")
-    except ConfigError as exc:
-        fail(f"configuration error: {exc}", exits.CONFIG)
 
 
 @click.group(context_settings=CONTEXT)
@@ -250,3 +220,12 @@ def config_show(ctx: click.Context, as_json: bool, doc: bool) -> None:
 
 def main() -> None:
     cli(obj={})
+
+
+def _register_subgroups() -> None:
+    from agent.cli.mps import mps
+
+    cli.add_command(mps)
+
+
+_register_subgroups()

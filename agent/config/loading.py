@@ -48,13 +48,26 @@ def load_settings(
         values.update(_read_file(file_text, source))
     values.update(_read_env(env or {}))
     for key, value in (overrides or {}).items():
-        values[_known_key(key, "flag")] = value
+        values[_known_key(key, "flag")] = value.strip() if isinstance(value, str) else value
     return _build(values)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys instead of keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(str(key), f"appears twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _read_file(text: str, source: str) -> dict[str, Any]:
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError("", f"{source} is not valid YAML: {exc}") from exc
     if document is None:
@@ -84,7 +97,7 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name in CLI_ENV_NAMES:
             continue
         if name in by_env_name:
-            values[by_env_name[name]] = value
+            values[by_env_name[name]] = value.strip()
             continue
         rest = name[len(ENV_PREFIX) :].lower()
         if any(rest.startswith(f"{group}_") for group in groups):
@@ -152,12 +165,16 @@ def _to_number(key: str, raw: Any, kind: type) -> float | int:
     if isinstance(raw, bool):
         raise ConfigError(key, f"must be a number (got {raw!r})")
     try:
-        value = kind(raw) if isinstance(raw, (str, int, float)) else None
-    except ValueError:
+        value = float(raw) if isinstance(raw, (str, int, float)) else None
+    except (ValueError, OverflowError):
         value = None
     if value is None or not math.isfinite(value):
         raise ConfigError(key, f"must be a finite {kind.__name__} (got {raw!r})")
-    return value  # type: ignore[no-any-return]
+    if kind is int:
+        if value != int(value):
+            raise ConfigError(key, f"must be a whole number (got {raw!r})")
+        return int(value)
+    return value
 
 
 def _check_consistency(settings: Settings) -> None:
@@ -166,6 +183,12 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError(
             "telemetry.window_s",
             f"must be at least telemetry.sample_interval_s ({t.sample_interval_s})",
+        )
+    if t.stale_after_s < 2 * t.sample_interval_s:
+        raise ConfigError(
+            "telemetry.stale_after_s",
+            f"must be at least twice telemetry.sample_interval_s ({t.sample_interval_s}), "
+            "or healthy devices would flap between fresh and stale",
         )
 
 

@@ -71,11 +71,54 @@ class ApiSettings:
 
 @dataclass(frozen=True, slots=True)
 class MpsSettings:
+    control_binary: str = _setting(
+        "auto",
+        "The MPS control front-end. 'auto': nvidia-cuda-mps-control from PATH; on a "
+        "simulated node without it, the bundled fake (gpushare-fake-mps-control). "
+        "Or a path to a binary.",
+    )
+    root_dir: str = _setting(
+        "", "Where each device's pipe and log directories live. Empty: <runtime_dir>/mps."
+    )
     default_thread_pct: float = _setting(
         100.0,
         "Default active-thread percentage applied to each device's MPS control daemon.",
         min=0.1,
         max=100.0,
+    )
+    default_memory_limit: str = _setting(
+        "",
+        "Default pinned device-memory limit per client applied to each daemon, e.g. 70GiB. "
+        "Empty: no default limit (leases carry their own).",
+    )
+    command_timeout_s: float = _setting(
+        3.0, "Seconds a control command may take before the daemon counts as hung.", min=0.1
+    )
+    probe_interval_s: float = _setting(
+        2.0, "Seconds between two health probes (and defaults read-backs) of a daemon.", min=0.05
+    )
+    hung_after_probes: int = _setting(
+        2, "Unanswered probes in a row after which a daemon is killed and restarted.", min=1
+    )
+    start_timeout_s: float = _setting(
+        10.0, "Seconds a new daemon has to answer its first command.", min=0.5
+    )
+    restart_backoff_initial_s: float = _setting(
+        0.5, "First delay before restarting a failed daemon; doubles per failure.", min=0.0
+    )
+    restart_backoff_max_s: float = _setting(
+        30.0, "Longest delay between two restart attempts.", min=0.1
+    )
+    quit_timeout_s: int = _setting(
+        5, "The -t of 'quit' when the agent stops a daemon; then SIGTERM, then SIGKILL.", min=0
+    )
+    client_gid: int = _setting(
+        -1,
+        "Group allowed to reach the pipe directories (mode 0750). -1: anyone may (0755).",
+        min=-1,
+    )
+    multi_user: bool = _setting(
+        False, "Start daemons in multi-user mode (-M); refused if the binary lacks it."
     )
 
 
@@ -132,3 +175,7 @@ class Settings:
     @property
     def unix_socket_path(self) -> str:
         return self.api.unix_socket or f"{self.paths.runtime_dir}/agent.sock"
+
+    @property
+    def mps_root_dir(self) -> str:
+        return self.mps.root_dir or f"{self.paths.runtime_dir}/mps"

@@ -168,6 +168,14 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class MpsServerState:
+    """An MPS server process of a device's daemon and the client PIDs it serves."""
+
+    pid: int
+    client_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class MpsDaemonState:
     """What the agent knows about the MPS control daemon of one device."""
 
@@ -179,6 +187,9 @@ class MpsDaemonState:
     default_thread_pct: float | None = None
     default_memory_limit_bytes: int | None = None
     detail: str = ""
+    pipe_dir: str = ""
+    servers: tuple[MpsServerState, ...] = ()
+    defaults_drift_total: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ class FakeGpuBackend:
         self._devices = list(devices)
         self.started = False
         self.fail_with: GpuError | None = None
+        self.exclusive: dict[str, bool] = {}
 
     @classmethod
     def with_gpus(
@@ -66,6 +67,9 @@ class FakeGpuBackend:
         if self.fail_with is not None:
             raise self.fail_with
         return list(self._devices)
+
+    async def set_compute_mode(self, device: Device, *, exclusive: bool) -> None:
+        self.exclusive[device.uuid] = exclusive
 
 
 class FakeTelemetrySource:

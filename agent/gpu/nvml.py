@@ -57,6 +57,20 @@ class NvmlGpuBackend:
     async def list_devices(self) -> list[Device]:
         return await asyncio.to_thread(self._list_devices)
 
+    async def set_compute_mode(self, device: Device, *, exclusive: bool) -> None:
+        if device.is_mig:
+            return  # compute mode belongs to the whole GPU; MIG instances follow their GPU
+        await asyncio.to_thread(self._set_compute_mode, device.uuid, exclusive)
+
+    def _set_compute_mode(self, uuid: str, exclusive: bool) -> None:
+        handle = self._call(f"open GPU {uuid}", pynvml.nvmlDeviceGetHandleByUUID, uuid)
+        mode = (
+            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+            if exclusive
+            else pynvml.NVML_COMPUTEMODE_DEFAULT
+        )
+        self._call(f"set the compute mode of {uuid}", pynvml.nvmlDeviceSetComputeMode, handle, mode)
+
     def _list_devices(self) -> list[Device]:
         count = self._call("count GPUs", pynvml.nvmlDeviceGetCount)
         return [self._device(index) for index in range(count)]

@@ -19,6 +19,10 @@ class GpuBackend(Protocol):
 
     async def list_devices(self) -> list[Device]: ...
 
+    async def set_compute_mode(self, device: Device, *, exclusive: bool) -> None:
+        """EXCLUSIVE_PROCESS while MPS runs on the device, DEFAULT otherwise."""
+        ...
+
 
 class TelemetrySource(Protocol):
     """Reads one sample of counters (canonical names) for each of the given devices."""

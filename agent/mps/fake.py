@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from agent.core.types import Device, MpsDaemonState, SharingMode
@@ -23,6 +24,9 @@ class FakeMpsManager:
                     backend=self.backend,
                     default_thread_pct=self._default_thread_pct,
                 )
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
 
     async def aclose(self) -> None:
         self._states = {

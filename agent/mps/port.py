@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from agent.core.types import Device, MpsDaemonState
@@ -17,4 +17,32 @@ class MpsManager(Protocol):
 
     async def aclose(self) -> None: ...
 
+    async def run(self) -> None:
+        """Keep the daemons healthy until cancelled (a supervised task)."""
+        ...
+
     def states(self) -> list[MpsDaemonState]: ...
+
+
+class ControlChannel(Protocol):
+    """Sends one command line to one control daemon and returns its answer (stdout).
+
+    Raises :class:`~agent.core.errors.MpsDaemonDownError` when no daemon answers and
+    :class:`~agent.core.errors.MpsControlError` on a timeout or transport error. Command
+    errors inside an answer are the caller's to read (see ``mps.commands.check``).
+    """
+
+    async def execute(self, command: str) -> str: ...
+
+
+class EventSink(Protocol):
+    """Where the MPS domain reports what it did or saw (the runtime's event log)."""
+
+    def __call__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        device_uuid: str | None = None,
+        attrs: Mapping[str, str] | None = None,
+    ) -> None: ...

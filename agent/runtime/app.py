@@ -8,12 +8,11 @@ configured grace period.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,17 +22,21 @@ from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.grpc_server import AgentService, GrpcServer
 from agent.api.http import HttpServer, build_http_app
 from agent.config import Settings, settings_as_dict
-from agent.core.errors import ConfigError, GpuUnavailableError
+from agent.core.errors import GpuUnavailableError
 from agent.core.types import Device, NodeSnapshot
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.gpu.port import GpuBackend, TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.mps.fake import FakeMpsManager
-from agent.mps.port import MpsManager
+from agent.mps.control import SubprocessMpsControl
+from agent.mps.manager import SupervisedMpsManager
+from agent.mps.port import ControlChannel, MpsManager
+from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
+from agent.runtime import checks
+from agent.runtime.events import EventLog
 from agent.runtime.lock import InstanceLock
+from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, reap_children
 from agent.runtime.tasks import Supervisor
-from agent.sim.node import SimNodeSpec, parse_sim_node
 
 log = logging.getLogger(__name__)
 
@@ -48,56 +51,51 @@ class Ports:
     simulated: bool
 
 
-def build_ports(settings: Settings) -> Ports:
+def build_ports(settings: Settings, events: EventLog) -> Ports:
     if settings.sim.enabled:
-        spec = load_sim_spec(settings.sim.node_file)
-        return Ports(
-            gpu=FakeGpuBackend(spec.devices),
-            mps=FakeMpsManager(default_thread_pct=settings.mps.default_thread_pct),
-            telemetry=FakeTelemetrySource(),
-            simulated=True,
-        )
-    from agent.gpu.nvml import NvmlGpuBackend
+        spec = checks.load_sim_spec(settings.sim.node_file)
+        gpu: GpuBackend = FakeGpuBackend(spec.devices)
+    else:
+        from agent.gpu.nvml import NvmlGpuBackend
 
-    # Real nodes: NVML is probed at start; App._start refuses to go further until the MPS
-    # supervisor and NVML telemetry exist, so these two fakes are never started.
+        gpu = NvmlGpuBackend()
     return Ports(
-        gpu=NvmlGpuBackend(),
-        mps=FakeMpsManager(),
+        gpu=gpu,
+        mps=build_mps_manager(settings, gpu, events),
         telemetry=FakeTelemetrySource(),
-        simulated=False,
+        simulated=settings.sim.enabled,
     )
 
 
-def load_sim_spec(node_file: str) -> SimNodeSpec:
-    if not node_file:
-        return SimNodeSpec.default()
-    try:
-        text = Path(node_file).read_text()
-    except OSError as exc:
-        raise ConfigError("sim.node_file", f"cannot read {node_file}: {exc.strerror}") from exc
-    return parse_sim_node(text, source=node_file)
+def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:
+    m = settings.mps
+    options = SupervisorOptions(
+        binary=checks.resolve_control_binary(settings),
+        root_dir=settings.mps_root_dir,
+        probe_interval_s=m.probe_interval_s,
+        hung_after_probes=m.hung_after_probes,
+        start_timeout_s=m.start_timeout_s,
+        backoff_initial_s=m.restart_backoff_initial_s,
+        backoff_max_s=m.restart_backoff_max_s,
+        quit_timeout_s=m.quit_timeout_s,
+        client_gid=m.client_gid,
+        multi_user=m.multi_user,
+    )
+    defaults = DaemonDefaults(m.default_thread_pct, checks.memory_limit_bytes(settings))
 
+    def channel(_device: Device, env: Mapping[str, str]) -> ControlChannel:
+        return SubprocessMpsControl(options.binary, env, timeout_s=m.command_timeout_s)
 
-def check_tcp_listen(listen: str) -> None:
-    """Until the scheduler listener is authenticated it may bind to loopback only."""
-    if not listen:
-        return
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not port.isdigit():
-        raise ConfigError("api.tcp_listen", f"must be host:port (got {listen!r})")
-    loopback = host == "localhost"
-    if not loopback:
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-    if not loopback:
-        raise ConfigError(
-            "api.tcp_listen",
-            "the TCP listener has no authentication in this version; bind it to 127.0.0.1",
-        )
+    async def set_exclusive(device: Device, exclusive: bool) -> None:
+        await gpu.set_compute_mode(device, exclusive=exclusive)
+
+    return SupervisedMpsManager(
+        options,
+        lambda _device: defaults,
+        channel_factory=channel,
+        emit=events,
+        set_exclusive=set_exclusive,
+    )
 
 
 @dataclass
@@ -115,9 +113,10 @@ class App:
         ports: Ports | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        check_tcp_listen(settings.api.tcp_listen)
+        checks.check_settings(settings)
         self.settings = settings
-        self.ports = ports or build_ports(settings)
+        self.events = EventLog(clock=clock)
+        self.ports = ports or build_ports(settings, self.events)
         self._clock = clock
         self._state = _Running()
         self.supervisor = Supervisor()
@@ -130,14 +129,10 @@ class App:
         )
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(AgentCollector(self.snapshot, self._telemetry_stats, clock=clock))
-        self.http = (
-            HttpServer(
-                build_http_app(registry=self.registry, readiness_problems=self.readiness_problems),
-                listen=settings.api.http_listen,
-            )
-            if settings.api.http_listen
-            else None
-        )
+        self.http = None
+        if settings.api.http_listen:
+            app = build_http_app(registry=self.registry, readiness_problems=self.readiness_problems)
+            self.http = HttpServer(app, listen=settings.api.http_listen)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         self._shutdown = ShutdownPlan(grace_s=settings.runtime.shutdown_grace_s)
@@ -146,17 +141,22 @@ class App:
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT (exit code 0) or a crashed core task (exit code 1)."""
-        self._install_signal_handlers()
+        checks.prepare_runtime_dir(self.settings.paths.runtime_dir)
         Path(self.settings.unix_socket_path).parent.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         failure: str | None = "start-up did not finish"
         try:
-            await self._start()
-            failure = await self.supervisor.wait(self._stop)
+            self._install_signal_handlers()
+            if await self._start_unless_stopped():
+                failure = await self.supervisor.wait(self._stop)
+            else:
+                failure = None
         finally:
-            await self._stop_everything()
-            self.lock.release()
-            self._remove_signal_handlers()
+            try:
+                await self._stop_everything()
+            finally:
+                self.lock.release()
+                self._remove_signal_handlers()
         if failure is not None:
             log.error("agent stopped because %s", failure)
             return 1
@@ -169,6 +169,24 @@ class App:
             self._shutdown.force()
         self._stop.set()
 
+    async def _start_unless_stopped(self) -> bool:
+        """Start; a stop request during start-up cancels it. True if the agent came up."""
+        start = asyncio.create_task(self._start(), name="start-up")
+        stop = asyncio.create_task(self._stop.wait(), name="start-up-stop-wait")
+        await asyncio.wait([start, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not start.done():
+            log.warning("stop requested during start-up: abandoning it")
+            start.cancel()
+        await asyncio.gather(stop, return_exceptions=True)
+        try:
+            await start
+        except asyncio.CancelledError:
+            if not self._stop.is_set():
+                raise
+            return False
+        return True
+
     async def _start(self) -> None:
         log.info("effective configuration: %s", settings_as_dict(self.settings))
         await self.ports.gpu.start()
@@ -176,18 +194,22 @@ class App:
         if not self.ports.simulated:
             raise GpuUnavailableError(
                 f"found {len(devices)} GPU(s) through NVML, but this version of the agent "
-                "manages simulated nodes only: MPS supervision and NVML telemetry for real "
-                "GPUs are not built yet. Run: gpushare serve --sim"
+                "manages simulated nodes only: NVML and DCGM telemetry for real GPUs is not "
+                "built yet. Run: gpushare serve --sim"
             )
         self._state.devices = devices
         log.info(
-            "node %s: %d device(s) on the %s backend%s",
+            "node %s: %d device(s) on the %s backend%s; MPS control: %s",
             self.settings.runtime.node_name,
             len(devices),
             self.ports.gpu.name,
             " (simulated node)" if self.ports.simulated else "",
+            self.ports.mps.backend,
         )
+        if become_subreaper():
+            self.supervisor.spawn("orphan-reaper", orphan_reaper())
         await self.ports.mps.start(devices)
+        self.supervisor.spawn("mps-supervisor", self.ports.mps.run())
         await self.ports.telemetry.start()
         self.sampler = Sampler(
             self.ports.telemetry,
@@ -197,9 +219,9 @@ class App:
         )
         await self.sampler.sample_once()
         self.supervisor.spawn("sampler", self.sampler.run())
-        await self.grpc.start()
         if self.http is not None:
             await self.http.start()
+        await self.grpc.start()
         self._state.started = True
         self.ready.set()
         log.info("agent ready (pid %d, socket %s)", os.getpid(), self.settings.unix_socket_path)
@@ -211,13 +233,15 @@ class App:
         await plan.step("stop gRPC", self.grpc.stop(plan.share(0.3)))
         if self.http is not None:
             await plan.step("stop HTTP", self.http.stop())
-        stuck = await self.supervisor.stop(timeout_s=plan.share(0.5))
+        stuck = await self.supervisor.stop(timeout_s=plan.share(0.3))
         if stuck:
             log.warning("tasks still running after cancellation: %s", ", ".join(stuck))
         await plan.step("stop MPS daemons", self.ports.mps.aclose())
         await plan.step("close telemetry", self.ports.telemetry.aclose())
         await plan.step("close GPU backend", self.ports.gpu.aclose())
         await asyncio.to_thread(reap_children, timeout_s=max(plan.remaining(), 0.5))
+        if plan.overran:
+            log.warning("orderly stop incomplete: %s", ", ".join(plan.overran))
 
     # -- views -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import contextlib
 import fcntl
 import os
 
-from agent.core.errors import AlreadyRunningError
+from agent.core.errors import AlreadyRunningError, ConfigError
 
 
 class InstanceLock:
@@ -21,7 +21,12 @@ class InstanceLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise ConfigError(
+                "api.unix_socket", f"cannot open the instance lock {self.path}: {exc.strerror}"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

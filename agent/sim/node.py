@@ -52,11 +52,11 @@ def parse_sim_node(text: str, *, source: str = "node file") -> SimNodeSpec:
         raise SimulationError(f"{source} is not valid YAML: {exc}") from exc
     if not isinstance(document, dict):
         raise SimulationError(f"{source}: must be a mapping with 'version' and 'devices'")
-    if document.get("version") != 1:
+    if type(document.get("version")) is not int or document.get("version") != 1:
         raise SimulationError(f"{source}: version must be 1 (found {document.get('version')!r})")
     unknown = set(document) - {"version", "devices"}
     if unknown:
-        raise SimulationError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
+        raise SimulationError(f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     entries = document.get("devices")
     if not isinstance(entries, list) or not entries:
         raise SimulationError(f"{source}: devices must be a non-empty list")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gent/api/proto/agent.proto\x12\x0bgpushare.v1\"\x10\n\x0eGetNodeRequest\"\xa6\x01\n\x06\x44\x65vice\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x14\n\x0csharing_mode\x18\x05 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x06 \x01(\t\x12\x13\n\x0bparent_uuid\x18\x07 \x01(\t\x12\x13\n\x0bmig_profile\x18\x08 \x01(\t\"\xac\x01\n\tMpsDaemon\x12\x13\n\x0b\x64\x65vice_uuid\x18\x01 \x01(\t\x12\n\n\x02up\x18\x02 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x10\n\x08restarts\x18\x05 \x01(\r\x12\x1a\n\x12\x64\x65\x66\x61ult_thread_pct\x18\x06 \x01(\x01\x12\"\n\x1a\x64\x65\x66\x61ult_memory_limit_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\"\x95\x01\n\x06Sample\x12\x13\n\x0b\x64\x65vice_uuid\x18\x01 \x01(\t\x12\x10\n\x08taken_at\x18\x02 \x01(\x01\x12\x33\n\x08\x63ounters\x18\x03 \x03(\x0b\x32!.gpushare.v1.Sample.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xd8\x01\n\x0fGetNodeResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x11\n\tsimulated\x18\x02 \x01(\x08\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x10\n\x08taken_at\x18\x04 \x01(\x01\x12$\n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32\x13.gpushare.v1.Device\x12#\n\x03mps\x18\x06 \x03(\x0b\x32\x16.gpushare.v1.MpsDaemon\x12+\n\x0elatest_samples\x18\x07 \x03(\x0b\x32\x13.gpushare.v1.Sample2M\n\x05\x41gent\x12\x44\n\x07GetNode\x12\x1b.gpushare.v1.GetNodeRequest\x1a\x1c.gpushare.v1.GetNodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gent/api/proto/agent.proto\x12\x0bgpushare.v1\"\x10\n\x0eGetNodeRequest\"\xa6\x01\n\x06\x44\x65vice\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x14\n\x0csharing_mode\x18\x05 \x01(\t\x12\x1a\n\x12\x63ompute_capability\x18\x06 \x01(\t\x12\x13\n\x0bparent_uuid\x18\x07 \x01(\t\x12\x13\n\x0bmig_profile\x18\x08 \x01(\t\"-\n\tMpsServer\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x13\n\x0b\x63lient_pids\x18\x02 \x03(\r\"\x85\x02\n\tMpsDaemon\x12\x13\n\x0b\x64\x65vice_uuid\x18\x01 \x01(\t\x12\n\n\x02up\x18\x02 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x10\n\x08restarts\x18\x05 \x01(\r\x12\x1a\n\x12\x64\x65\x66\x61ult_thread_pct\x18\x06 \x01(\x01\x12\"\n\x1a\x64\x65\x66\x61ult_memory_limit_bytes\x18\x07 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\x12\x10\n\x08pipe_dir\x18\t \x01(\t\x12\'\n\x07servers\x18\n \x03(\x0b\x32\x16.gpushare.v1.MpsServer\x12\x1c\n\x14\x64\x65\x66\x61ults_drift_total\x18\x0b \x01(\r\"\x95\x01\n\x06Sample\x12\x13\n\x0b\x64\x65vice_uuid\x18\x01 \x01(\t\x12\x10\n\x08taken_at\x18\x02 \x01(\x01\x12\x33\n\x08\x63ounters\x18\x03 \x03(\x0b\x32!.gpushare.v1.Sample.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xd8\x01\n\x0fGetNodeResponse\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x11\n\tsimulated\x18\x02 \x01(\x08\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x10\n\x08taken_at\x18\x04 \x01(\x01\x12$\n\x07\x64\x65vices\x18\x05 \x03(\x0b\x32\x13.gpushare.v1.Device\x12#\n\x03mps\x18\x06 \x03(\x0b\x32\x16.gpushare.v1.MpsDaemon\x12+\n\x0elatest_samples\x18\x07 \x03(\x0b\x32\x13.gpushare.v1.Sample2M\n\x05\x41gent\x12\x44\n\x07GetNode\x12\x1b.gpushare.v1.GetNodeRequest\x1a\x1c.gpushare.v1.GetNodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,14 +37,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETNODEREQUEST']._serialized_end=60
   _globals['_DEVICE']._serialized_start=63
   _globals['_DEVICE']._serialized_end=229
-  _globals['_MPSDAEMON']._serialized_start=232
-  _globals['_MPSDAEMON']._serialized_end=404
-  _globals['_SAMPLE']._serialized_start=407
-  _globals['_SAMPLE']._serialized_end=556
-  _globals['_SAMPLE_COUNTERSENTRY']._serialized_start=509
-  _globals['_SAMPLE_COUNTERSENTRY']._serialized_end=556
-  _globals['_GETNODERESPONSE']._serialized_start=559
-  _globals['_GETNODERESPONSE']._serialized_end=775
-  _globals['_AGENT']._serialized_start=777
-  _globals['_AGENT']._serialized_end=854
+  _globals['_MPSSERVER']._serialized_start=231
+  _globals['_MPSSERVER']._serialized_end=276
+  _globals['_MPSDAEMON']._serialized_start=279
+  _globals['_MPSDAEMON']._serialized_end=540
+  _globals['_SAMPLE']._serialized_start=543
+  _globals['_SAMPLE']._serialized_end=692
+  _globals['_SAMPLE_COUNTERSENTRY']._serialized_start=645
+  _globals['_SAMPLE_COUNTERSENTRY']._serialized_end=692
+  _globals['_GETNODERESPONSE']._serialized_start=695
+  _globals['_GETNODERESPONSE']._serialized_end=911
+  _globals['_AGENT']._serialized_start=913
+  _globals['_AGENT']._serialized_end=990
 # @@protoc_insertion_point(module_scope)

@@ -30,8 +30,16 @@ class Device(_message.Message):
     mig_profile: str
     def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., sharing_mode: _Optional[str] = ..., compute_capability: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ...) -> None: ...
 
+class MpsServer(_message.Message):
+    __slots__ = ("pid", "client_pids")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_PIDS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    client_pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pid: _Optional[int] = ..., client_pids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class MpsDaemon(_message.Message):
-    __slots__ = ("device_uuid", "up", "backend", "pid", "restarts", "default_thread_pct", "default_memory_limit_bytes", "detail")
+    __slots__ = ("device_uuid", "up", "backend", "pid", "restarts", "default_thread_pct", "default_memory_limit_bytes", "detail", "pipe_dir", "servers", "defaults_drift_total")
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     UP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +48,9 @@ class MpsDaemon(_message.Message):
     DEFAULT_THREAD_PCT_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PIPE_DIR_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULTS_DRIFT_TOTAL_FIELD_NUMBER: _ClassVar[int]
     device_uuid: str
     up: bool
     backend: str
@@ -48,7 +59,10 @@ class MpsDaemon(_message.Message):
     default_thread_pct: float
     default_memory_limit_bytes: int
     detail: str
-    def __init__(self, device_uuid: _Optional[str] = ..., up: _Optional[bool] = ..., backend: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., default_thread_pct: _Optional[float] = ..., default_memory_limit_bytes: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+    pipe_dir: str
+    servers: _containers.RepeatedCompositeFieldContainer[MpsServer]
+    defaults_drift_total: int
+    def __init__(self, device_uuid: _Optional[str] = ..., up: _Optional[bool] = ..., backend: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., default_thread_pct: _Optional[float] = ..., default_memory_limit_bytes: _Optional[int] = ..., detail: _Optional[str] = ..., pipe_dir: _Optional[str] = ..., servers: _Optional[_Iterable[_Union[MpsServer, _Mapping]]] = ..., defaults_drift_total: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("device_uuid", "taken_at", "counters")

@@ -32,7 +32,9 @@ def test_version(runner: CliRunner) -> None:
 
 def test_config_show_applies_file_env_and_flags(runner: CliRunner, tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text("version: 1\ntelemetry:\n  window_s: 20\n  sample_interval_s: 2\n")
+    config.write_text(
+        "version: 1\ntelemetry:\n  window_s: 20\n  sample_interval_s: 2\n  stale_after_s: 9\n"
+    )
     result = runner.invoke(
         cli,
         ["--config", str(config), "--socket", "/x/agent.sock", "config", "show", "--json"],

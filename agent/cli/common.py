@@ -1,0 +1,43 @@
+"""What every command shares: settings resolution and failing with an exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from agent.cli import exits
+from agent.config import Settings, load_settings
+from agent.core.errors import ConfigError
+
+DEFAULT_CONFIG = "/etc/gpushare/config.yaml"
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"gpushare: {message}", err=True)
+    sys.exit(code)
+
+
+def resolve_settings(ctx: click.Context, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Effective settings for this invocation; exits 2 with the key on a bad value."""
+    config_path: str | None = ctx.obj["config"]
+    socket: str | None = ctx.obj["socket"]
+    text = None
+    path = config_path or (DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None)
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            fail(f"cannot read config file {path}: {exc.strerror}", exits.CONFIG)
+    flags = dict(overrides or {})
+    if socket:
+        flags["api.unix_socket"] = socket
+    try:
+        return load_settings(text, env=os.environ, overrides=flags, source=path or "config")
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", exits.CONFIG)

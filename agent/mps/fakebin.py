@@ -1,0 +1,185 @@
+"""``gpushare-fake-mps-control``: a drop-in stand-in for ``nvidia-cuda-mps-control``.
+
+Same invocation and stdin protocol as the real front-end: ``-d`` starts a background
+daemon (log in ``$CUDA_MPS_LOG_DIRECTORY/control.log``), ``-f`` a foreground daemon (log on
+stdout), and without either it is the front-end: it sends stdin to the daemon of
+``$CUDA_MPS_PIPE_DIRECTORY`` and prints the answer. Like the 535 daemon it holds a POSIX
+lock on ``control_lock``, leaves its sockets behind when it quits, serves one UI connection
+at a time (others get an empty answer), and starts one server process per UID (here a
+``sleep`` process, so server PIDs are real). Used by the simulated node when the real binary
+is absent, and by the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent.mps.fake_daemon import FakeMpsState
+
+ABSENT = "Cannot find MPS control daemon process"
+RUNNING = "An instance of this daemon is already running"
+
+
+def _dirs() -> tuple[Path, Path]:
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
+    logs = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
+    return pipe, logs
+
+
+def front_end() -> int:
+    pipe, _logs = _dirs()
+    request = sys.stdin.buffer.read()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(pipe / "control"))
+    except OSError:
+        print(ABSENT, file=sys.stderr)
+        return 1
+    with sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    sys.stdout.buffer.write(b"".join(chunks))
+    return 0
+
+
+class FakeDaemon:
+    def __init__(self, pipe: Path, logs: Path) -> None:
+        self.pipe, self.logs = pipe, logs
+        self.busy = False
+        self.hung = False
+        self.done = asyncio.Event()
+        self.servers: dict[int, subprocess.Popen[bytes]] = {}
+        self.state = FakeMpsState(
+            daemon_pid=os.getpid(),
+            start_server=self._spawn_server,
+            stop_server=self._kill_server,
+            control_log=self._control_log,
+            server_log=self._server_log,
+        )
+
+    def _control_log(self, line: str) -> None:
+        print(line, flush=True)
+
+    def _server_log(self, line: str) -> None:
+        with contextlib.suppress(OSError), open(self.logs / "server.log", "a") as f:
+            f.write(line + "\n")
+
+    def _spawn_server(self) -> int:
+        process = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL)
+        self.servers[process.pid] = process
+        return process.pid
+
+    def _kill_server(self, pid: int) -> None:
+        process = self.servers.pop(pid, None)
+        if process is not None:
+            process.kill()
+            process.wait()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.busy or self.hung:
+            if self.hung:
+                await asyncio.Event().wait()  # never answer, like a stopped daemon
+            writer.close()  # one UI at a time: the other gets nothing
+            return
+        self.busy = True
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self.busy = False
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.state.log("Accepting connection...")
+        self.state.log("NEW UI")
+        request = (await reader.read()).decode(errors="replace")
+        answers = []
+        for line in request.splitlines() or [""]:
+            self.state.log(f"Cmd:{line}")
+            answer = self.state.handle(line)
+            for out in answer.text.splitlines():
+                self.state.log(out)
+            answers.append(answer.text)
+            if answer.hang:
+                self.hung = True
+                await asyncio.Event().wait()
+            if answer.quit:
+                self.state.log("quit command issued with timeout of 5")
+                self.done.set()
+        writer.write("".join(answers).encode())
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+        self.state.log("UI closed")
+
+    async def serve(self) -> int:
+        control = self.pipe / "control"
+        with contextlib.suppress(FileNotFoundError):
+            control.unlink()
+        server = await asyncio.start_unix_server(self.handle, path=str(control))
+        os.chmod(control, 0o666)
+        (self.pipe / "control_privileged").touch(mode=0o755)
+        self.state.log(f"Starting control daemon using socket {control}")
+        self.state.log(
+            f"To connect CUDA applications to this daemon, set env "
+            f"CUDA_MPS_PIPE_DIRECTORY={self.pipe}"
+        )
+        async with server:
+            await self.done.wait()
+        self.state.stop_all()
+        self.state.log("Exit with status 0")
+        return 0
+
+
+def daemon(foreground: bool) -> int:
+    pipe, logs = _dirs()
+    pipe.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(pipe / "control_lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print(RUNNING)
+        return 1
+    if not foreground:
+        os.close(lock_fd)
+        return _background(logs)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return asyncio.run(FakeDaemon(pipe, logs).serve())
+
+
+def _background(logs: Path) -> int:
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "control.log", "a") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", "agent.mps.fakebin", "-f"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pipe, _ = _dirs()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not (pipe / "control").exists():
+        time.sleep(0.02)
+    return 0
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if "-d" in args or "-f" in args:
+        sys.exit(daemon(foreground="-f" in args))
+    sys.exit(front_end())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The node's MPS daemons: one :class:`DaemonSupervisor` per device shared through MPS.
+
+A device whose daemon cannot start is reported down (and ``/readyz`` says so); its
+supervisor keeps retrying with backoff. Nothing is admitted onto a device whose daemon is
+down: the agent fails closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+from agent.core.errors import MpsError
+from agent.core.types import Device, MpsDaemonState, SharingMode
+from agent.mps.port import EventSink
+from agent.mps.supervisor import (
+    ChannelFactory,
+    DaemonDefaults,
+    DaemonSupervisor,
+    ExclusiveModeFn,
+    SupervisorOptions,
+)
+
+log = logging.getLogger(__name__)
+
+
+class SupervisedMpsManager:
+    def __init__(
+        self,
+        options: SupervisorOptions,
+        defaults_for: Callable[[Device], DaemonDefaults],
+        *,
+        channel_factory: ChannelFactory,
+        emit: EventSink,
+        set_exclusive: ExclusiveModeFn,
+    ) -> None:
+        self.backend = options.binary
+        self._options = options
+        self._defaults_for = defaults_for
+        self._channel_factory = channel_factory
+        self._emit = emit
+        self._set_exclusive = set_exclusive
+        self.supervisors: dict[str, DaemonSupervisor] = {}
+
+    async def start(self, devices: Sequence[Device]) -> None:
+        for device in devices:
+            if device.sharing_mode is SharingMode.MPS:
+                self.supervisors[device.uuid] = DaemonSupervisor(
+                    device,
+                    self._options,
+                    self._defaults_for(device),
+                    channel_factory=self._channel_factory,
+                    emit=self._emit,
+                    set_exclusive=self._set_exclusive,
+                )
+        results = await asyncio.gather(
+            *(s.start() for s in self.supervisors.values()), return_exceptions=True
+        )
+        for supervisor, result in zip(self.supervisors.values(), results, strict=True):
+            if isinstance(result, MpsError):
+                supervisor.detail = f"start failed: {result}"
+                log.error("MPS daemon of %s did not start: %s", supervisor.device.uuid, result)
+            elif isinstance(result, BaseException):
+                raise result
+        up = sum(s.up for s in self.supervisors.values())
+        log.info(
+            "MPS: %d of %d daemon(s) up, binary %s", up, len(self.supervisors), self._options.binary
+        )
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for uuid, supervisor in self.supervisors.items():
+                group.create_task(supervisor.run(), name=f"mps-supervisor-{uuid}")
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self.supervisors.values()))
+        with contextlib.suppress(OSError):
+            os.rmdir(self._options.root_dir)  # only if no other daemon lives there
+
+    def states(self) -> list[MpsDaemonState]:
+        return [s.state() for s in self.supervisors.values()]
+
+    def supervisor(self, device_uuid: str) -> DaemonSupervisor:
+        return self.supervisors[device_uuid]

@@ -1,0 +1,120 @@
+"""Start-up checks and small resolutions that the composition root needs; errors name the
+setting (exit code 2) or say what is missing."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+from agent.config import Settings
+from agent.core.errors import ConfigError, GpushareError
+from agent.core.units import parse_bytes
+from agent.sim.node import SimNodeSpec, parse_sim_node
+
+MAX_UNIX_SOCKET_PATH = 107
+REAL_CONTROL_BINARY = "nvidia-cuda-mps-control"
+FAKE_CONTROL_BINARY = "gpushare-fake-mps-control"
+
+
+def split_listen(key: str, listen: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); a ConfigError names ``key``."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535 or not host:
+        raise ConfigError(key, f"must be host:port, e.g. 127.0.0.1:9808 (got {listen!r})")
+    return host.strip("[]"), int(port)
+
+
+def check_settings(settings: Settings) -> None:
+    if settings.api.http_listen:
+        split_listen("api.http_listen", settings.api.http_listen)
+    check_tcp_listen(settings.api.tcp_listen)
+    if len(settings.unix_socket_path.encode()) > MAX_UNIX_SOCKET_PATH:
+        raise ConfigError(
+            "api.unix_socket",
+            f"path is longer than {MAX_UNIX_SOCKET_PATH} "
+            f"bytes, which Unix sockets cannot use: {settings.unix_socket_path}",
+        )
+    memory_limit_bytes(settings)
+
+
+def check_tcp_listen(listen: str) -> None:
+    """Until the scheduler listener is authenticated it may bind to loopback only."""
+    if not listen:
+        return
+    host, _port = split_listen("api.tcp_listen", listen)
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            "api.tcp_listen",
+            "the TCP listener has no authentication in this version; bind it to 127.0.0.1",
+        )
+
+
+def memory_limit_bytes(settings: Settings) -> int | None:
+    text = settings.mps.default_memory_limit
+    if not text:
+        return None
+    try:
+        value = parse_bytes(text)
+    except GpushareError as exc:
+        raise ConfigError("mps.default_memory_limit", str(exc)) from exc
+    if value < 2**20:
+        raise ConfigError("mps.default_memory_limit", "must be at least 1MiB")
+    return value
+
+
+def load_sim_spec(node_file: str) -> SimNodeSpec:
+    if not node_file:
+        return SimNodeSpec.default()
+    try:
+        text = Path(node_file).read_text()
+    except OSError as exc:
+        raise ConfigError("sim.node_file", f"cannot read {node_file}: {exc.strerror}") from exc
+    return parse_sim_node(text, source=node_file)
+
+
+def resolve_control_binary(settings: Settings, *, allow_fake: bool = False) -> str:
+    """The MPS control front-end to use: configured, real on PATH, or the fake (on a
+    simulated node, or when ``allow_fake``)."""
+    configured = settings.mps.control_binary
+    if configured != "auto":
+        found = shutil.which(configured)
+        if found is None:
+            raise ConfigError("mps.control_binary", f"{configured} is not an executable")
+        return found
+    real = shutil.which(REAL_CONTROL_BINARY)
+    if real is not None:
+        return real
+    if settings.sim.enabled or allow_fake:
+        beside = Path(sys.executable).parent / FAKE_CONTROL_BINARY
+        fake = str(beside) if beside.exists() else shutil.which(FAKE_CONTROL_BINARY)
+        if fake is not None:
+            return fake
+    raise GpushareError(
+        f"{REAL_CONTROL_BINARY} was not found on PATH: install the NVIDIA driver's MPS "
+        "utilities, or set mps.control_binary"
+    )
+
+
+def prepare_runtime_dir(path: str) -> None:
+    """Create the runtime directory (0755) and refuse one that others could tamper with."""
+    directory = Path(path)
+    try:
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        info = directory.lstat()
+    except OSError as exc:
+        raise ConfigError("paths.runtime_dir", f"cannot create {path}: {exc.strerror}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError("paths.runtime_dir", f"{path} is not a directory")
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(
+            "paths.runtime_dir",
+            f"{path} must be owned by uid {os.geteuid()} and writable by it alone",
+        )
