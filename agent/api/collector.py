@@ -67,6 +67,31 @@ class AgentCollector(Collector):
         for m in snapshot.mps:
             up.add_metric([m.device_uuid, m.backend], 1.0 if m.up else 0.0)
         yield up
+        yield from self._mps_counts(snapshot)
+
+    def _mps_counts(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
+        restarts = CounterMetricFamily(
+            "gpushare_mps_daemon_restarts",
+            "Restarts of the device's MPS control daemon.",
+            labels=["device"],
+        )
+        drift = CounterMetricFamily(
+            "gpushare_mps_defaults_drift",
+            "Times the daemon's defaults were found changed behind the agent and re-applied.",
+            labels=["device"],
+        )
+        clients = GaugeMetricFamily(
+            "gpushare_mps_clients",
+            "MPS client processes connected to the device's servers.",
+            labels=["device"],
+        )
+        for m in snapshot.mps:
+            restarts.add_metric([m.device_uuid], m.restarts)
+            drift.add_metric([m.device_uuid], m.defaults_drift_total)
+            clients.add_metric([m.device_uuid], sum(len(s.client_pids) for s in m.servers))
+        yield restarts
+        yield drift
+        yield clients
 
     def _telemetry_families(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
         stats = self._telemetry()

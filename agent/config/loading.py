@@ -75,8 +75,10 @@ def _read_file(text: str, source: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise ConfigError("", f"{source} must be a mapping of setting groups")
     version = document.pop("version", None)
-    if version != CONFIG_VERSION:
-        raise ConfigError("version", f"must be {CONFIG_VERSION} (found {version!r}) in {source}")
+    if type(version) is not int or version != CONFIG_VERSION:
+        raise ConfigError(
+            "version", f"must be the number {CONFIG_VERSION} (found {version!r}) in {source}"
+        )
     values: dict[str, Any] = {}
     groups = _groups()
     for group, body in document.items():

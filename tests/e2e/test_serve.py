@@ -88,13 +88,53 @@ def test_serve_status_and_clean_stop(root: Path, signum: int) -> None:
         assert node["simulated"] is True
         assert {d["model"] for d in devices} == {"H100-SXM5-80GB"}
         children = psutil.Process(agent.pid).children(recursive=True)
+        daemons = [m["pid"] for m in node["mps"]]  # type: ignore[union-attr]
+        assert len(daemons) == 4 and {c.pid for c in children} >= set(daemons)
     finally:
         code, took_s, err = stop(agent, signum)
     assert code == 0, err
     assert took_s < STOP_WITHIN_S
     assert "agent stopped cleanly" in err
-    assert not [c for c in children if c.is_running()], "child processes left behind"
+    assert not [c for c in children if c.is_running() and c.status() != "zombie"], (
+        "child processes left behind"
+    )
     assert not (root / "agent.sock").exists()
+    assert not (root / "mps").exists(), "MPS directories left behind"
+
+
+def test_mps_status_direct_reads_the_live_daemons(root: Path) -> None:
+    agent = serve(root, "--set", "mps.default_thread_pct=60")
+    try:
+        node = wait_for_devices(root, agent)
+        direct = subprocess.run(
+            agent_command("mps", "status", "--direct", "--json", "--timeout", "3"),
+            env={**subprocess_env(), "GPUSHARE_PATHS_RUNTIME_DIR": str(root)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert direct.returncode == 0, direct.stderr
+        daemons = json.loads(direct.stdout)
+        assert len(daemons) == 4
+        assert {d["device_uuid"] for d in daemons} == {
+            d["uuid"]
+            for d in node["devices"]  # type: ignore[union-attr]
+        }
+        assert all(d["up"] and d["default_thread_pct"] == 60.0 for d in daemons)
+        assert {d["pid"] for d in daemons} == {m["pid"] for m in node["mps"]}  # type: ignore[union-attr]
+        table = subprocess.run(
+            agent_command("--socket", str(root / "agent.sock"), "mps", "status"),
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert table.returncode == 0 and table.stdout.count(" up ") == 4
+    finally:
+        code, _took, err = stop(agent, signal.SIGTERM)
+    assert code == 0, err
 
 
 def test_second_agent_on_the_same_socket_refuses(root: Path) -> None:
@@ -171,3 +211,18 @@ def test_without_sim_and_without_a_driver_it_refuses_clearly(root: Path) -> None
     assert result.returncode == 1
     assert "gpushare serve --sim" in result.stderr
     assert "libnvidia-ml" in result.stderr
+
+
+def test_simulated_node_runs_on_the_fake_front_end_too(root: Path) -> None:
+    from tests.integration.mps.harness import FAKE_BINARY
+
+    agent = serve(root, "--set", f"mps.control_binary={FAKE_BINARY}")
+    try:
+        node = wait_for_devices(root, agent)
+        mps = node["mps"]
+        assert isinstance(mps, list) and len(mps) == 4
+        assert all(m["up"] and m["backend"] == FAKE_BINARY for m in mps)
+    finally:
+        code, _took, err = stop(agent, signal.SIGTERM)
+    assert code == 0, err
+    assert f"MPS control: {FAKE_BINARY}" in err

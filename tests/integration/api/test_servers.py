@@ -65,10 +65,9 @@ async def test_get_node_health_and_reflection_over_the_unix_socket(root: Path) -
 
             reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
             request = reflection_pb2.ServerReflectionRequest(list_services="")
-            async for reply in reflection.ServerReflectionInfo(iter([request])):
-                names = {s.name for s in reply.list_services_response.service}
-                assert "gpushare.v1.Agent" in names
-                break
+            replies = [r async for r in reflection.ServerReflectionInfo(iter([request]))]
+            names = {s.name for r in replies for s in r.list_services_response.service}
+            assert {"gpushare.v1.Agent", "grpc.health.v1.Health"} <= names
     assert not socket.exists(), "the socket is removed on a clean stop"
 
 
@@ -137,3 +136,37 @@ async def test_start_up_failure_releases_everything(root: Path) -> None:
     # the lock is free again: a second app can start on the same socket
     async with running_app(settings, fake_ports(1)):
         pass
+
+
+async def test_http_port_in_use_fails_start_up_clearly_and_releases_the_socket(root: Path) -> None:
+    import socket
+
+    from agent.core.errors import GpushareError
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        settings = sim_settings(root, **{"api.http_listen": f"127.0.0.1:{port}"})
+        with pytest.raises(GpushareError, match=f"cannot serve HTTP on 127.0.0.1:{port}"):
+            await App(settings, ports=fake_ports(1)).run()
+    finally:
+        taken.close()
+    assert not Path(settings.unix_socket_path).exists()
+    async with running_app(settings, fake_ports(1)):
+        pass
+
+
+async def test_stop_during_start_up_abandons_it_and_exits_0(root: Path) -> None:
+    class SlowGpu(FakeGpuBackend):
+        async def start(self) -> None:
+            await asyncio.sleep(60)
+
+    ports = fake_ports(1)
+    ports.gpu = SlowGpu([])
+    app = App(sim_settings(root), ports=ports)
+    task = asyncio.create_task(app.run())
+    await asyncio.sleep(0.2)
+    app.request_stop()
+    assert await asyncio.wait_for(task, 5) == 0

@@ -3,7 +3,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.collector import AgentCollector, TelemetryStats
-from agent.core.types import Device, MpsDaemonState, NodeSnapshot, Sample
+from agent.core.types import Device, MpsDaemonState, MpsServerState, NodeSnapshot, Sample
 
 
 def scrape(snapshot: NodeSnapshot, stats: TelemetryStats, now: float) -> dict[str, list]:
@@ -21,7 +21,14 @@ def test_families_follow_the_live_state() -> None:
         taken_at=100.0,
         devices=devices,
         mps=(
-            MpsDaemonState("GPU-a", up=True, backend="simulated"),
+            MpsDaemonState(
+                "GPU-a",
+                up=True,
+                backend="simulated",
+                restarts=2,
+                defaults_drift_total=1,
+                servers=(MpsServerState(9, (10, 11)),),
+            ),
             MpsDaemonState("GPU-b", up=False, backend="simulated"),
         ),
         latest_samples=(Sample("GPU-a", 97.5, {}),),
@@ -40,3 +47,18 @@ def test_families_follow_the_live_state() -> None:
     assert errors["gpushare_telemetry_errors_total"] == 3
     (info,) = families["gpushare_build_info"]
     assert info.labels["simulated"] == "true" and info.labels["node"] == "n1"
+
+    restarts = {
+        s.labels["device"]: s.value
+        for s in families["gpushare_mps_daemon_restarts"]
+        if s.name.endswith("_total")
+    }
+    assert restarts == {"GPU-a": 2, "GPU-b": 0}
+    drift = {
+        s.labels["device"]: s.value
+        for s in families["gpushare_mps_defaults_drift"]
+        if s.name.endswith("_total")
+    }
+    assert drift == {"GPU-a": 1, "GPU-b": 0}
+    clients = {s.labels["device"]: s.value for s in families["gpushare_mps_clients"]}
+    assert clients == {"GPU-a": 2, "GPU-b": 0}

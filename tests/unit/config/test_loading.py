@@ -130,10 +130,15 @@ def test_bool_spellings(raw: str, expected: bool) -> None:
 
 def test_every_setting_is_documented_and_reachable_from_the_environment() -> None:
     fields = setting_fields()
-    assert fields, "no settings found"
+    assert len(fields) > 10, "no settings found"
+    names = [env_name(key) for key in fields]
+    assert len(set(names)) == len(names), "two settings share an environment variable"
     for key, field in fields.items():
         assert field.metadata.get("doc"), f"{key} has no doc"
-        assert env_name(key) == "GPUSHARE_" + key.replace(".", "_").upper()
+        default = getattr(getattr(Settings(), key.split(".")[0]), key.split(".")[1])
+        raw = str(default).lower() if isinstance(default, bool) else str(default)
+        loaded = load_settings(env={env_name(key): raw})
+        assert loaded == Settings(), f"{env_name(key)} does not reach {key}"
 
 
 def test_show_output_round_trips_through_the_loader() -> None:
@@ -153,3 +158,28 @@ def test_socket_path_defaults_under_the_runtime_dir() -> None:
     assert settings.unix_socket_path == "/r/agent.sock"
     settings = load_settings(overrides={"api.unix_socket": "/elsewhere.sock"})
     assert settings.unix_socket_path == "/elsewhere.sock"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('version: "1"\n', "version"),
+        ("version: true\n", "version"),
+        ("version: 1.0\n", "version"),
+        ("version: 1\ntelemetry:\n  window_s: 5\ntelemetry:\n  stale_after_s: 9\n", "telemetry"),
+        ("version: 1\nmps:\n  hung_after_probes: 1.5\n", "mps.hung_after_probes"),
+        ("version: 1\ntelemetry:\n  window_s: " + "9" * 400 + "\n", "telemetry.window_s"),
+        ("version: 1\ntelemetry:\n  stale_after_s: 1.5\n", "telemetry.stale_after_s"),
+    ],
+)
+def test_strict_reading(text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(text)
+    assert info.value.key == key
+
+
+def test_values_from_env_and_flags_are_stripped() -> None:
+    settings = load_settings(
+        env={"GPUSHARE_RUNTIME_LOG_LEVEL": " debug "}, overrides={"sim.enabled": " true "}
+    )
+    assert settings.runtime.log_level == "debug" and settings.sim.enabled

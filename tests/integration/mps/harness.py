@@ -1,0 +1,95 @@
+"""Build a DaemonSupervisor around a real or fake control binary, with short timings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.core.types import Device
+from agent.core.units import GIB
+from agent.gpu.fake import FakeGpuBackend
+from agent.mps.control import SubprocessMpsControl
+from agent.mps.port import ControlChannel
+from agent.mps.supervisor import DaemonDefaults, DaemonSupervisor, SupervisorOptions
+
+REAL_BINARY = shutil.which("nvidia-cuda-mps-control")
+FAKE_BINARY = str(Path(sys.executable).parent / "gpushare-fake-mps-control")
+
+
+@dataclass
+class Recorder:
+    """An EventSink that keeps what it is told."""
+
+    events: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+    def __call__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        device_uuid: str | None = None,
+        attrs: Mapping[str, str] | None = None,
+    ) -> None:
+        self.events.append((kind, message, dict(attrs or {})))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _m, _a in self.events]
+
+
+def make_supervisor(
+    binary: str,
+    root: Path,
+    *,
+    device: Device | None = None,
+    defaults: DaemonDefaults | None = None,
+    **options: object,
+) -> tuple[DaemonSupervisor, Recorder, FakeGpuBackend]:
+    gpu = FakeGpuBackend.with_gpus(1)
+    device = device or Device("GPU-11111111-2222-3333-4444-555555555555", 0, "H100", 80 * GIB)
+    values: dict[str, object] = {
+        "binary": binary,
+        "root_dir": str(root / "mps"),
+        "probe_interval_s": 0.2,
+        "hung_after_probes": 1,
+        "start_timeout_s": 5.0,
+        "backoff_initial_s": 0.1,
+        "backoff_max_s": 1.0,
+        "quit_timeout_s": 1,
+    }
+    values.update(options)
+    recorder = Recorder()
+
+    def channel(_device: Device, env: Mapping[str, str]) -> ControlChannel:
+        return SubprocessMpsControl(binary, env, timeout_s=1.0)
+
+    async def set_exclusive(d: Device, exclusive: bool) -> None:
+        await gpu.set_compute_mode(d, exclusive=exclusive)
+
+    supervisor = DaemonSupervisor(
+        device,
+        SupervisorOptions(**values),  # type: ignore[arg-type]
+        defaults or DaemonDefaults(thread_pct=40.0, memory_limit_bytes=20 * GIB),
+        channel_factory=channel,
+        emit=recorder,
+        set_exclusive=set_exclusive,
+    )
+    return supervisor, recorder, gpu
+
+
+def front_end(binary: str, supervisor: DaemonSupervisor, command: str) -> str:
+    """Ask the daemon directly, as an on-call engineer (or an intruder) would."""
+    done = subprocess.run(
+        [binary],
+        input=command + "\n",
+        capture_output=True,
+        text=True,
+        env={**os.environ, **supervisor.env},
+        timeout=10,
+        check=False,
+    )
+    return done.stdout + done.stderr
