@@ -27,6 +27,24 @@ from agent.mps.supervisor import (
 log = logging.getLogger(__name__)
 
 
+async def check_multi_user(binary: str) -> None:
+    """Refuse ``-M`` unless the binary's help mentions it (the 535 binary has no such mode)."""
+    try:
+        process = await asyncio.create_subprocess_exec(
+            binary,
+            "-h",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), timeout=5)
+    except (OSError, TimeoutError) as exc:
+        raise MpsError(f"cannot ask {binary} for its options: {exc}") from exc
+    text = out.decode(errors="replace").lower()
+    if "-m" not in text.split() and "multiuser" not in text and "multi-user" not in text:
+        raise MpsError(f"{binary} does not support multi-user mode (-M); set mps.multi_user: false")
+
+
 class SupervisedMpsManager:
     def __init__(
         self,
@@ -46,6 +64,8 @@ class SupervisedMpsManager:
         self.supervisors: dict[str, DaemonSupervisor] = {}
 
     async def start(self, devices: Sequence[Device]) -> None:
+        if self._options.multi_user:
+            await check_multi_user(self._options.binary)
         for device in devices:
             if device.sharing_mode is SharingMode.MPS:
                 self.supervisors[device.uuid] = DaemonSupervisor(

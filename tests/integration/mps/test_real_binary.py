@@ -181,3 +181,12 @@ async def test_stop_leaves_no_process_and_no_directory(root: Path) -> None:
     assert not Path(supervisor.paths.base).exists()
     assert any("stopped by quit" in m for k, m, _a in events.events if k == "mps.daemon_stopped")
     await supervisor.stop()  # stopping twice is harmless
+
+
+async def test_multi_user_mode_is_refused_by_the_535_binary() -> None:
+    from agent.core.errors import MpsError
+    from agent.mps.manager import check_multi_user
+
+    assert REAL_BINARY
+    with pytest.raises(MpsError, match="does not support multi-user mode"):
+        await check_multi_user(REAL_BINARY)
