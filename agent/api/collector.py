@@ -21,6 +21,7 @@ class TelemetryStats:
     source: str
     samples_total: int
     errors_total: int
+    up: bool = True
 
 
 class AgentCollector(Collector):
@@ -95,6 +96,21 @@ class AgentCollector(Collector):
 
     def _telemetry_families(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
         stats = self._telemetry()
+        up = GaugeMetricFamily(
+            "gpushare_telemetry_up",
+            "1 when the last read of the counter source succeeded.",
+            labels=["source"],
+        )
+        up.add_metric([stats.source], 1.0 if stats.up else 0.0)
+        yield up
+        stale = GaugeMetricFamily(
+            "gpushare_telemetry_stale",
+            "1 for a device whose counters are stale.",
+            labels=["device"],
+        )
+        for uuid in (d.uuid for d in snapshot.devices):
+            stale.add_metric([uuid], 1.0 if uuid in snapshot.stale_devices else 0.0)
+        yield stale
         samples = CounterMetricFamily(
             "gpushare_telemetry_samples", "Device samples read.", labels=["source"]
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent import __version__
 from agent.api.proto import agent_pb2 as pb
-from agent.core.types import Device, MpsDaemonState, NodeSnapshot, Sample
+from agent.core.types import Device, MpsDaemonState, NodeSnapshot, Sample, WindowSample
 
 
 def device_to_pb(device: Device) -> pb.Device:
@@ -43,6 +43,17 @@ def sample_to_pb(sample: Sample) -> pb.Sample:
     )
 
 
+def window_to_pb(window: WindowSample) -> pb.Window:
+    return pb.Window(
+        device_uuid=window.device_uuid,
+        start_at=window.start_at,
+        window_s=window.window_s,
+        sample_count=window.sample_count,
+        mean=dict(window.mean),
+        max=dict(window.max),
+    )
+
+
 def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
     return pb.GetNodeResponse(
         node_name=snapshot.node_name,
@@ -52,4 +63,7 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
         devices=[device_to_pb(d) for d in snapshot.devices],
         mps=[mps_to_pb(m) for m in snapshot.mps],
         latest_samples=[sample_to_pb(s) for s in snapshot.latest_samples],
+        latest_windows=[window_to_pb(w) for w in snapshot.latest_windows],
+        telemetry_source=snapshot.telemetry_source,
+        stale_devices=list(snapshot.stale_devices),
     )

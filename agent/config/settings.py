@@ -124,6 +124,22 @@ class MpsSettings:
 
 @dataclass(frozen=True, slots=True)
 class TelemetrySettings:
+    source: str = _setting(
+        "auto",
+        "Counter source. 'auto': the simulated node's own on --sim; otherwise DCGM if its "
+        "bindings and host engine answer, then dcgm-exporter at exporter_url, then NVML.",
+        choices=("auto", "dcgm", "exporter", "nvml", "sim"),
+    )
+    exporter_url: str = _setting(
+        "http://127.0.0.1:9400/metrics", "The dcgm-exporter endpoint to scrape."
+    )
+    exporter_timeout_s: float = _setting(
+        2.0, "Seconds a scrape of the exporter may take.", min=0.05
+    )
+    dcgm_host: str = _setting("localhost", "The DCGM host engine (nv-hostengine) to connect to.")
+    keep_windows: int = _setting(
+        60, "Closed windows kept per device (memory is bounded by this).", min=1
+    )
     sample_interval_s: float = _setting(
         1.0, "Seconds between two counter samples of every device.", min=0.01
     )

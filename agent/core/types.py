@@ -62,6 +62,7 @@ class Device:
     compute_capability: tuple[int, int] = (9, 0)
     parent_uuid: str | None = None
     mig_profile: str | None = None
+    gpu_instance_id: int | None = None  # MIG: the GPU instance id on the parent GPU
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -74,6 +75,15 @@ class Device:
     @property
     def is_mig(self) -> bool:
         return self.parent_uuid is not None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process with a compute context on a device, as NVML lists it."""
+
+    pid: int
+    used_memory_bytes: int | None
+    mps: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,3 +212,6 @@ class NodeSnapshot:
     devices: tuple[Device, ...]
     mps: tuple[MpsDaemonState, ...] = ()
     latest_samples: tuple[Sample, ...] = ()
+    latest_windows: tuple[WindowSample, ...] = ()
+    telemetry_source: str = ""
+    stale_devices: tuple[str, ...] = ()

@@ -5,13 +5,15 @@ Build them with :meth:`FakeGpuBackend.with_gpus`; make them fail with ``fail_wit
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.core.errors import GpuError
-from agent.core.types import Device, Sample, SharingMode
+from agent.core.types import Device, GpuProcess, Sample, SharingMode
 from agent.core.units import GIB
+from agent.gpu.port import GpuEventSink
 
 IDLE_COUNTERS: Mapping[str, float] = {
     "gpu_util": 0.0,
@@ -40,6 +42,8 @@ class FakeGpuBackend:
         self.started = False
         self.fail_with: GpuError | None = None
         self.exclusive: dict[str, bool] = {}
+        self.process_table: dict[str, list[GpuProcess]] = {}
+        self.events: asyncio.Queue[tuple[str, str, str | None, dict[str, str]]] = asyncio.Queue()
 
     @classmethod
     def with_gpus(
@@ -70,6 +74,15 @@ class FakeGpuBackend:
 
     async def set_compute_mode(self, device: Device, *, exclusive: bool) -> None:
         self.exclusive[device.uuid] = exclusive
+
+    async def processes(self, device: Device) -> list[GpuProcess]:
+        return list(self.process_table.get(device.uuid, []))
+
+    async def watch_events(self, emit: GpuEventSink) -> None:
+        """Deliver what tests put on ``events`` (kind, message, device UUID, attributes)."""
+        while True:
+            kind, message, device_uuid, attrs = await self.events.get()
+            emit(kind, message, device_uuid, attrs)
 
 
 class FakeTelemetrySource:

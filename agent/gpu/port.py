@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from agent.core.types import Device, Sample
+from agent.core.types import Device, GpuProcess, Sample
+
+# kind, message, device UUID, attributes
+GpuEventSink = Callable[[str, str, str | None, Mapping[str, str]], None]
 
 
 class GpuBackend(Protocol):
@@ -21,6 +24,14 @@ class GpuBackend(Protocol):
 
     async def set_compute_mode(self, device: Device, *, exclusive: bool) -> None:
         """EXCLUSIVE_PROCESS while MPS runs on the device, DEFAULT otherwise."""
+        ...
+
+    async def processes(self, device: Device) -> list[GpuProcess]:
+        """Compute and MPS client processes on the device with the memory each uses."""
+        ...
+
+    async def watch_events(self, emit: GpuEventSink) -> None:
+        """Report Xid and other critical events until cancelled (a supervised task)."""
         ...
 
 

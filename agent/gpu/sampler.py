@@ -1,8 +1,10 @@
-"""The sampler: reads every device's counters at a fixed period and keeps the newest.
+"""The sampler: reads every device's counters at a fixed period into fixed windows.
 
-A failing source is counted and logged, never fatal: its devices go stale (no sample newer
-than ``stale_after_s``) and recover by themselves when the source answers again. Only a
-bug (an exception outside the agent's error tree) ends the task.
+A failing source is counted and logged (once per distinct error), never fatal: its devices
+get no samples, go stale after ``stale_after_s``, and recover by themselves when the source
+answers again. A device the source does not report (an unknown GPU label) goes stale the
+same way. Only a bug (an exception outside the agent's error tree) ends the task. Closed
+windows are handed to the ``on_window`` listeners (the degradation rule, the CLI).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from agent.core.errors import GpushareError
-from agent.core.types import Device, Sample
+from agent.core.types import Device, Sample, WindowSample
 from agent.gpu.port import TelemetrySource
+from agent.gpu.windows import WindowAggregator
 
 log = logging.getLogger(__name__)
+
+WindowListener = Callable[[WindowSample], None]
 
 
 class Sampler:
@@ -26,6 +31,8 @@ class Sampler:
         devices: Sequence[Device],
         *,
         interval_s: float,
+        window_s: float = 10.0,
+        keep_windows: int = 60,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._source = source
@@ -33,9 +40,15 @@ class Sampler:
         self._interval_s = interval_s
         self._clock = clock
         self._latest: dict[str, Sample] = {}
+        self._windows = {
+            d.uuid: WindowAggregator(d.uuid, window_s=window_s, keep=keep_windows)
+            for d in self._devices
+        }
+        self.listeners: list[WindowListener] = []
         self.errors_total = 0
         self.samples_total = 0
         self.last_error = ""
+        self.up = False
 
     @property
     def source_name(self) -> str:
@@ -51,20 +64,42 @@ class Sampler:
         try:
             samples = await self._source.read(self._devices)
         except GpushareError as exc:
-            self.errors_total += 1
-            if str(exc) != self.last_error:
-                log.warning("telemetry source %s failed: %s", self._source.name, exc)
-            self.last_error = str(exc)
+            self._failed(str(exc))
             return
         if self.last_error:
             log.info("telemetry source %s recovered", self._source.name)
             self.last_error = ""
+        self.up = True
         for sample in samples:
-            self._latest[sample.device_uuid] = sample
-        self.samples_total += len(samples)
+            self._accept(sample)
+
+    def _failed(self, error: str) -> None:
+        self.errors_total += 1
+        self.up = False
+        if error != self.last_error:
+            log.warning("telemetry source %s failed: %s", self._source.name, error)
+        self.last_error = error
+
+    def _accept(self, sample: Sample) -> None:
+        aggregator = self._windows.get(sample.device_uuid)
+        if aggregator is None:
+            return
+        self._latest[sample.device_uuid] = sample
+        self.samples_total += 1
+        closed = aggregator.add(sample)
+        if closed is not None:
+            for listener in self.listeners:
+                listener(closed)
 
     def latest(self) -> list[Sample]:
         return [self._latest[d.uuid] for d in self._devices if d.uuid in self._latest]
+
+    def latest_windows(self) -> list[WindowSample]:
+        windows = (self._windows[d.uuid].latest() for d in self._devices)
+        return [w for w in windows if w is not None]
+
+    def history(self, device_uuid: str) -> list[WindowSample]:
+        return self._windows[device_uuid].history()
 
     def stale_devices(self, *, stale_after_s: float) -> list[str]:
         """UUIDs of devices with no sample newer than ``stale_after_s``."""

@@ -22,8 +22,9 @@ from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.grpc_server import AgentService, GrpcServer
 from agent.api.http import HttpServer, build_http_app
 from agent.config import Settings, settings_as_dict
-from agent.core.errors import GpuUnavailableError
+from agent.core.errors import GpushareError
 from agent.core.types import Device, NodeSnapshot
+from agent.gpu.exporter import ExporterTelemetry
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.gpu.port import GpuBackend, TelemetrySource
 from agent.gpu.sampler import Sampler
@@ -37,6 +38,7 @@ from agent.runtime.lock import InstanceLock
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, reap_children
 from agent.runtime.tasks import Supervisor
+from agent.sim.contention import device_counters
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class Ports:
 
     gpu: GpuBackend
     mps: MpsManager
-    telemetry: TelemetrySource
+    telemetry: list[TelemetrySource]  # candidates, in order of preference
     simulated: bool
 
 
@@ -62,9 +64,38 @@ def build_ports(settings: Settings, events: EventLog) -> Ports:
     return Ports(
         gpu=gpu,
         mps=build_mps_manager(settings, gpu, events),
-        telemetry=FakeTelemetrySource(),
+        telemetry=build_telemetry(settings),
         simulated=settings.sim.enabled,
     )
+
+
+def build_telemetry(settings: Settings) -> list[TelemetrySource]:
+    """The counter sources to try, best first (see telemetry.source)."""
+    t = settings.telemetry
+    choice = t.source
+    if choice == "auto":
+        choice = "sim" if settings.sim.enabled else "dcgm,exporter,nvml"
+    sources: list[TelemetrySource] = []
+    for name in choice.split(","):
+        if name == "sim":
+            sources.append(FakeTelemetrySource(sim_counters))
+        elif name == "dcgm":
+            from agent.gpu.dcgm import DcgmTelemetry
+
+            sources.append(DcgmTelemetry(hostname=t.dcgm_host, interval_s=t.sample_interval_s))
+        elif name == "exporter":
+            sources.append(ExporterTelemetry(t.exporter_url, timeout_s=t.exporter_timeout_s))
+        elif name == "nvml":
+            from agent.gpu.nvml_counters import NvmlTelemetry
+
+            sources.append(NvmlTelemetry())
+    return sources
+
+
+def sim_counters(_device: Device, _now: float) -> dict[str, float]:
+    """Counters of a simulated device from the contention model of what runs on it.
+    Nothing is placed on simulated devices yet, so they read as idle."""
+    return device_counters([])
 
 
 def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:
@@ -122,6 +153,7 @@ class App:
         self.supervisor = Supervisor()
         self.lock = InstanceLock(settings.unix_socket_path)
         self.sampler: Sampler | None = None
+        self.telemetry: TelemetrySource | None = None
         self.grpc = GrpcServer(
             AgentService(self.snapshot),
             unix_socket=settings.unix_socket_path,
@@ -191,12 +223,6 @@ class App:
         log.info("effective configuration: %s", settings_as_dict(self.settings))
         await self.ports.gpu.start()
         devices = await self.ports.gpu.list_devices()
-        if not self.ports.simulated:
-            raise GpuUnavailableError(
-                f"found {len(devices)} GPU(s) through NVML, but this version of the agent "
-                "manages simulated nodes only: NVML and DCGM telemetry for real GPUs is not "
-                "built yet. Run: gpushare serve --sim"
-            )
         self._state.devices = devices
         log.info(
             "node %s: %d device(s) on the %s backend%s; MPS control: %s",
@@ -210,21 +236,54 @@ class App:
             self.supervisor.spawn("orphan-reaper", orphan_reaper())
         await self.ports.mps.start(devices)
         self.supervisor.spawn("mps-supervisor", self.ports.mps.run())
-        await self.ports.telemetry.start()
+        self.telemetry = await self._select_telemetry(devices)
+        t = self.settings.telemetry
         self.sampler = Sampler(
-            self.ports.telemetry,
+            self.telemetry,
             devices,
-            interval_s=self.settings.telemetry.sample_interval_s,
+            interval_s=t.sample_interval_s,
+            window_s=t.window_s,
+            keep_windows=t.keep_windows,
             clock=self._clock,
         )
         await self.sampler.sample_once()
         self.supervisor.spawn("sampler", self.sampler.run())
+        self.supervisor.spawn(
+            "gpu-events", self.ports.gpu.watch_events(self._gpu_event), core=False
+        )
         if self.http is not None:
             await self.http.start()
         await self.grpc.start()
         self._state.started = True
         self.ready.set()
         log.info("agent ready (pid %d, socket %s)", os.getpid(), self.settings.unix_socket_path)
+
+    async def _select_telemetry(self, devices: list[Device]) -> TelemetrySource:
+        """The first candidate that starts and reads; else the last one, to recover later."""
+        skipped = []
+        candidates = self.ports.telemetry
+        for source in candidates:
+            try:
+                await source.start()
+                await source.read(devices)
+            except GpushareError as exc:
+                skipped.append(f"{source.name}: {exc}")
+                if source is not candidates[-1]:
+                    await source.aclose()
+                    continue
+                log.warning("telemetry source %s does not answer yet: %s", source.name, exc)
+            log.info(
+                "telemetry source: %s%s",
+                source.name,
+                f" (skipped {'; '.join(skipped)})" if skipped else "",
+            )
+            return source
+        raise GpushareError("no telemetry source is configured")
+
+    def _gpu_event(
+        self, kind: str, message: str, device_uuid: str | None, attrs: Mapping[str, str]
+    ) -> None:
+        self.events(kind, message, device_uuid=device_uuid, attrs=attrs)
 
     async def _stop_everything(self) -> None:
         self._state.stopping = True
@@ -237,7 +296,8 @@ class App:
         if stuck:
             log.warning("tasks still running after cancellation: %s", ", ".join(stuck))
         await plan.step("stop MPS daemons", self.ports.mps.aclose())
-        await plan.step("close telemetry", self.ports.telemetry.aclose())
+        if self.telemetry is not None:
+            await plan.step("close telemetry", self.telemetry.aclose())
         await plan.step("close GPU backend", self.ports.gpu.aclose())
         await asyncio.to_thread(reap_children, timeout_s=max(plan.remaining(), 0.5))
         if plan.overran:
@@ -253,7 +313,15 @@ class App:
             devices=tuple(self._state.devices),
             mps=tuple(self.ports.mps.states()),
             latest_samples=tuple(self.sampler.latest() if self.sampler else ()),
+            latest_windows=tuple(self.sampler.latest_windows() if self.sampler else ()),
+            telemetry_source=self.telemetry.name if self.telemetry else "",
+            stale_devices=tuple(self._stale()),
         )
+
+    def _stale(self) -> list[str]:
+        if self.sampler is None:
+            return [d.uuid for d in self._state.devices]
+        return self.sampler.stale_devices(stale_after_s=self.settings.telemetry.stale_after_s)
 
     def readiness_problems(self) -> list[str]:
         if self._state.stopping:
@@ -265,15 +333,17 @@ class App:
             for m in self.ports.mps.states()
             if not m.up
         ]
-        stale = self.sampler.stale_devices(stale_after_s=self.settings.telemetry.stale_after_s)
-        problems += [f"telemetry stale on {uuid}" for uuid in stale]
+        problems += [f"telemetry stale on {uuid}" for uuid in self._stale()]
         return problems
 
     def _telemetry_stats(self) -> TelemetryStats:
         if self.sampler is None:
-            return TelemetryStats(self.ports.telemetry.name, 0, 0)
+            return TelemetryStats("none", 0, 0, up=False)
         return TelemetryStats(
-            self.sampler.source_name, self.sampler.samples_total, self.sampler.errors_total
+            self.sampler.source_name,
+            self.sampler.samples_total,
+            self.sampler.errors_total,
+            up=self.sampler.up,
         )
 
     # -- signals ---------------------------------------------------------------------------

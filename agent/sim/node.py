@@ -126,6 +126,7 @@ def _mig_devices(gpu: Device, instances: Any, path: str) -> list[Device]:
                 compute_capability=gpu.compute_capability,
                 parent_uuid=gpu.uuid,
                 mig_profile=_text(body, "profile", f"{path}[{position}]"),
+                gpu_instance_id=position + 1,
             )
         )
     if total > gpu.memory_bytes:

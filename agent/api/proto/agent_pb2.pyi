@@ -81,8 +81,38 @@ class Sample(_message.Message):
     counters: _containers.ScalarMap[str, float]
     def __init__(self, device_uuid: _Optional[str] = ..., taken_at: _Optional[float] = ..., counters: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
+class Window(_message.Message):
+    __slots__ = ("device_uuid", "start_at", "window_s", "sample_count", "mean", "max")
+    class MeanEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class MaxEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: str
+    start_at: float
+    window_s: float
+    sample_count: int
+    mean: _containers.ScalarMap[str, float]
+    max: _containers.ScalarMap[str, float]
+    def __init__(self, device_uuid: _Optional[str] = ..., start_at: _Optional[float] = ..., window_s: _Optional[float] = ..., sample_count: _Optional[int] = ..., mean: _Optional[_Mapping[str, float]] = ..., max: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
 class GetNodeResponse(_message.Message):
-    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples")
+    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +120,9 @@ class GetNodeResponse(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     MPS_FIELD_NUMBER: _ClassVar[int]
     LATEST_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LATEST_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STALE_DEVICES_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     simulated: bool
     agent_version: str
@@ -97,4 +130,7 @@ class GetNodeResponse(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     mps: _containers.RepeatedCompositeFieldContainer[MpsDaemon]
     latest_samples: _containers.RepeatedCompositeFieldContainer[Sample]
-    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
+    latest_windows: _containers.RepeatedCompositeFieldContainer[Window]
+    telemetry_source: str
+    stale_devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -31,7 +31,7 @@ def fake_ports(count: int = 3) -> Ports:
     return Ports(
         gpu=FakeGpuBackend.with_gpus(count),
         mps=FakeMpsManager(),
-        telemetry=FakeTelemetrySource(),
+        telemetry=[FakeTelemetrySource()],
         simulated=True,
     )
 
@@ -102,12 +102,13 @@ async def test_stale_telemetry_makes_the_node_unready(root: Path) -> None:
         },
     )
     async with running_app(settings, ports) as app:
-        assert isinstance(ports.telemetry, FakeTelemetrySource)
-        ports.telemetry.fail_with = TelemetryError("source gone")
+        source = ports.telemetry[0]
+        assert isinstance(source, FakeTelemetrySource)
+        source.fail_with = TelemetryError("source gone")
         await asyncio.sleep(0.3)
         status, body = await http_get(app, "/readyz")
         assert status == 503 and "telemetry stale" in body
-        ports.telemetry.fail_with = None
+        source.fail_with = None
         await asyncio.sleep(0.1)
         assert (await http_get(app, "/readyz"))[0] == 200
         assert app.sampler is not None and app.sampler.errors_total > 0
@@ -115,11 +116,12 @@ async def test_stale_telemetry_makes_the_node_unready(root: Path) -> None:
 
 async def test_crashed_core_task_stops_the_app_with_exit_code_1(root: Path) -> None:
     ports = fake_ports(1)
-    assert isinstance(ports.telemetry, FakeTelemetrySource)
+    source = ports.telemetry[0]
+    assert isinstance(source, FakeTelemetrySource)
     app = App(sim_settings(root, **{"telemetry.sample_interval_s": 0.01}), ports=ports)
     task = asyncio.create_task(app.run())
     await asyncio.wait_for(app.ready.wait(), 5)
-    ports.telemetry.fail_with = ZeroDivisionError("a bug in the source")  # not a GpushareError
+    source.fail_with = ZeroDivisionError("a bug in the source")  # not a GpushareError
     assert await asyncio.wait_for(task, 10) == 1
     assert not Path(app.settings.unix_socket_path).exists()
 
