@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         function = getattr(item, "function", None)
         if function is not None and asyncio.iscoroutinefunction(function):
-            item.fixturenames.append("no_leftover_tasks")  # type: ignore[attr-defined]
+            item.fixturenames.insert(0, "no_leftover_tasks")  # type: ignore[attr-defined]
 
 
 @pytest.fixture

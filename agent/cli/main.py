@@ -172,11 +172,13 @@ def status(ctx: click.Context, as_json: bool, timeout_s: float) -> None:
 
 def _status_text(node: Any) -> str:
     mps = {m.device_uuid: m for m in node.mps}
-    samples = {s.device_uuid: s for s in node.latest_samples}
+    windows = {w.device_uuid: w for w in node.latest_windows}
+    stale = set(node.stale_devices)
     rows = []
     for d in node.devices:
         daemon = mps.get(d.uuid)
-        sample = samples.get(d.uuid)
+        window = windows.get(d.uuid)
+        util = window.mean.get("gpu_util") if window is not None else None
         rows.append(
             [
                 d.index,
@@ -185,12 +187,17 @@ def _status_text(node: Any) -> str:
                 format_bytes(d.memory_bytes),
                 d.sharing_mode,
                 ("up" if daemon.up else "DOWN") if daemon else "-",
-                f"{sample.counters.get('gpu_util', 0.0):.0f}%" if sample else "-",
+                f"{util:.0f}%" if util is not None else "-",
+                "STALE" if d.uuid in stale else "fresh",
             ]
         )
     mode = "simulated node" if node.simulated else "real node"
-    header = f"node {node.node_name} ({mode}), agent {node.agent_version}"
-    body = table(["IDX", "UUID", "MODEL", "MEMORY", "MODE", "MPS", "GPU UTIL"], rows)
+    header = (
+        f"node {node.node_name} ({mode}), agent {node.agent_version}, "
+        f"telemetry {node.telemetry_source or '-'}"
+    )
+    columns = ["IDX", "UUID", "MODEL", "MEMORY", "MODE", "MPS", "GPU UTIL", "COUNTERS"]
+    body = table(columns, rows)
     return f"{header}\n{body}"
 
 
@@ -224,8 +231,10 @@ def main() -> None:
 
 def _register_subgroups() -> None:
     from agent.cli.mps import mps
+    from agent.cli.telemetry import telemetry
 
     cli.add_command(mps)
+    cli.add_command(telemetry)
 
 
 _register_subgroups()

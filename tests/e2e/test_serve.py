@@ -226,3 +226,52 @@ def test_simulated_node_runs_on_the_fake_front_end_too(root: Path) -> None:
         code, _took, err = stop(agent, signal.SIGTERM)
     assert code == 0, err
     assert f"MPS control: {FAKE_BINARY}" in err
+
+
+def test_telemetry_follow_prints_windows_as_they_close(root: Path) -> None:
+    agent = serve(
+        root,
+        "--set",
+        "telemetry.window_s=0.5",
+        "--set",
+        "telemetry.sample_interval_s=0.1",
+        "--set",
+        "telemetry.stale_after_s=2",
+    )
+    try:
+        wait_for_devices(root, agent)
+        with subprocess.Popen(
+            agent_command(
+                "--socket",
+                str(root / "agent.sock"),
+                "telemetry",
+                "--follow",
+                "--json",
+                "--poll",
+                "0.2",
+            ),
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as follow:
+            assert follow.stdout is not None
+            windows = [json.loads(follow.stdout.readline()) for _ in range(12)]
+            follow.send_signal(signal.SIGINT)
+            assert follow.wait(timeout=10) == 0
+        starts = {w["start_at"] for w in windows}
+        assert len(starts) >= 3, "windows keep closing"
+        assert {w["source"] for w in windows} == {"simulated"}
+        assert all(w["sample_count"] >= 1 and "power_w" in w["mean"] for w in windows)
+        table = subprocess.run(
+            agent_command("--socket", str(root / "agent.sock"), "telemetry"),
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert table.returncode == 0 and table.stdout.startswith("source: simulated")
+    finally:
+        code, _took, err = stop(agent, signal.SIGTERM)
+    assert code == 0, err

@@ -172,3 +172,29 @@ async def test_stop_during_start_up_abandons_it_and_exits_0(root: Path) -> None:
     await asyncio.sleep(0.2)
     app.request_stop()
     assert await asyncio.wait_for(task, 5) == 0
+
+
+async def test_telemetry_falls_back_to_the_next_source_and_says_which(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken(FakeTelemetrySource):
+        name = "dcgm"
+
+        async def start(self) -> None:
+            raise TelemetryError("no host engine")
+
+    ports = fake_ports(2)
+    ports.telemetry = [Broken(), FakeTelemetrySource()]
+    settings = sim_settings(
+        root, **{"telemetry.window_s": 0.2, "telemetry.sample_interval_s": 0.05}
+    )
+    with caplog.at_level("INFO"):
+        async with running_app(settings, ports) as app:
+            await asyncio.sleep(0.5)
+            async with grpc.aio.insecure_channel(f"unix:{settings.unix_socket_path}") as ch:
+                node = await pb_grpc.AgentStub(ch).GetNode(pb.GetNodeRequest(), timeout=5)
+            assert app.telemetry is ports.telemetry[1]
+    assert "telemetry source: simulated (skipped dcgm: no host engine)" in caplog.text
+    assert node.telemetry_source == "simulated" and not node.stale_devices
+    assert {w.device_uuid for w in node.latest_windows} == {d.uuid for d in node.devices}
+    assert all(w.sample_count >= 2 and w.window_s == 0.2 for w in node.latest_windows)
