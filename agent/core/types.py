@@ -121,6 +121,7 @@ class Decision:
     message: str = ""
     attempts: tuple[DeviceAttempt, ...] = ()
     preempted_lease_ids: tuple[str, ...] = ()
+    preempted_lease_s: float = 0.0  # lease time the preempted leases had run
 
     def __post_init__(self) -> None:
         if self.admitted and self.device_uuid is None:

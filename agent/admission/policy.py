@@ -1,0 +1,243 @@
+"""The admission rules (DESIGN section 3), as pure functions of values.
+
+Memory is a space: on a device, the memory limits of the live leases, plus a context
+overhead per client, plus a reserve, never exceed the device's memory. Compute is a rate:
+thread percentages are caps whose sum may exceed 100 up to ``thread_budget_pct``, and
+``guaranteed`` leases together stay within the stricter ``guaranteed_budget_pct``. A shared
+device holds leases of one trust domain at a time; an ``exclusive`` device holds one lease.
+Every refusal has a reason code and a sentence, and every decision lists each device tried.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.core.lease import Lease
+from agent.core.types import (
+    AdmissionRequest,
+    Decision,
+    Device,
+    DeviceAttempt,
+    PriorityClass,
+    ReasonCode,
+    SharingMode,
+)
+from agent.core.units import format_bytes
+
+
+class Placement(enum.StrEnum):
+    BEST_FIT = "best-fit"
+    FIRST_FIT = "first-fit"
+    WORST_FIT = "worst-fit"
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    reserve_bytes: int = 1024**3
+    context_overhead_bytes: int = 512 * 1024**2
+    thread_budget_pct: float = 200.0
+    guaranteed_budget_pct: float = 100.0
+    max_clients: int = 48
+    placement: Placement = Placement.BEST_FIT
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """A device and what holds capacity on it; ``closed`` says why it takes nothing now."""
+
+    device: Device
+    leases: tuple[Lease, ...] = ()
+    closed: ReasonCode | None = None
+    closed_detail: str = ""
+
+    @property
+    def memory_committed_bytes(self) -> int:
+        return sum(lease.memory_bytes for lease in self.leases)
+
+    @property
+    def threads_committed_pct(self) -> float:
+        return sum(lease.thread_pct for lease in self.leases)
+
+
+def memory_left_bytes(view: DeviceView, rules: Rules, *, extra_clients: int = 0) -> int:
+    """Memory still free for a lease limit if ``extra_clients`` more clients join."""
+    clients = len(view.leases) + extra_clients
+    used = view.memory_committed_bytes + clients * rules.context_overhead_bytes
+    return view.device.memory_bytes - rules.reserve_bytes - used
+
+
+def check(view: DeviceView, request: AdmissionRequest, rules: Rules) -> DeviceAttempt:
+    """Does ``request`` fit on this device as it is? The first rule that fails says why."""
+    refusal = _refusal(view, request, rules)
+    if refusal is None:
+        return DeviceAttempt(view.device.uuid, fits=True)
+    reason, detail = refusal
+    return DeviceAttempt(view.device.uuid, fits=False, reason=reason, detail=detail)
+
+
+def _refusal(
+    view: DeviceView, request: AdmissionRequest, rules: Rules
+) -> tuple[ReasonCode, str] | None:
+    device = view.device
+    if view.closed is not None:
+        return view.closed, view.closed_detail or f"device is closed ({view.closed.value})"
+    if request.gpu_model and request.gpu_model.lower() not in device.model.lower():
+        return ReasonCode.MODEL_MISMATCH, f"wants {request.gpu_model}, device is {device.model}"
+    if device.sharing_mode is SharingMode.EXCLUSIVE and view.leases:
+        return ReasonCode.EXCLUSIVE_BUSY, "exclusive device already holds a lease"
+    domains = {lease.trust_domain for lease in view.leases}
+    if domains and domains != {request.trust_domain}:
+        other = sorted(domains)[0]
+        return ReasonCode.TRUST_CONFLICT, (
+            f"device serves trust domain {other!r}; an MPS server shares fault fate, so "
+            f"{request.trust_domain!r} may not join it"
+        )
+    if len(view.leases) + 1 > rules.max_clients:
+        return ReasonCode.CLIENT_LIMIT, f"device already has {len(view.leases)} clients"
+    left = memory_left_bytes(view, rules, extra_clients=1)
+    if request.memory_bytes > left:
+        return ReasonCode.NO_MEMORY, (
+            f"needs {format_bytes(request.memory_bytes)}, "
+            f"{format_bytes(max(left, 0))} left after reserve and context overhead"
+        )
+    threads = view.threads_committed_pct + request.thread_pct
+    if threads > rules.thread_budget_pct + 1e-9:
+        return ReasonCode.NO_COMPUTE, (
+            f"threads would reach {threads:g}% of a {rules.thread_budget_pct:g}% budget"
+        )
+    if request.priority is PriorityClass.GUARANTEED:
+        guaranteed = request.thread_pct + sum(
+            lease.thread_pct for lease in view.leases if lease.priority is PriorityClass.GUARANTEED
+        )
+        if guaranteed > rules.guaranteed_budget_pct + 1e-9:
+            return ReasonCode.NO_COMPUTE, (
+                f"guaranteed threads would reach {guaranteed:g}% of "
+                f"{rules.guaranteed_budget_pct:g}%"
+            )
+    return None
+
+
+def _fit_key(view: DeviceView, request: AdmissionRequest, rules: Rules) -> tuple[float, ...]:
+    memory_after = memory_left_bytes(view, rules, extra_clients=1) - request.memory_bytes
+    threads_after = rules.thread_budget_pct - view.threads_committed_pct - request.thread_pct
+    if rules.placement is Placement.FIRST_FIT:
+        return (view.device.index,)
+    if rules.placement is Placement.WORST_FIT:
+        return (-memory_after, -threads_after, view.device.index)
+    return (memory_after, threads_after, view.device.index)
+
+
+def decide(
+    request: AdmissionRequest,
+    views: Sequence[DeviceView],
+    rules: Rules,
+    *,
+    now: float,
+    allow_preemption: bool = True,
+) -> Decision:
+    """Admit onto the best device by the placement rule, preempt if allowed, or refuse."""
+    attempts = tuple(check(view, request, rules) for view in views)
+    fitting = [v for v, a in zip(views, attempts, strict=True) if a.fits]
+    if fitting:
+        chosen = min(fitting, key=lambda v: _fit_key(v, request, rules))
+        return Decision(
+            True,
+            chosen.device.uuid,
+            attempts=attempts,
+            message=f"placed by {rules.placement.value}",
+        )
+    if allow_preemption and request.priority is PriorityClass.GUARANTEED:
+        plan = preemption_plan(request, views, rules, now=now)
+        if plan is not None:
+            return plan.decision(attempts)
+    return refusal(attempts)
+
+
+def refusal(attempts: Sequence[DeviceAttempt]) -> Decision:
+    """The refusal whose reason is the most telling of the attempts (or no device at all)."""
+    if not attempts:
+        return Decision(
+            False,
+            reason=ReasonCode.DEVICE_UNAVAILABLE,
+            message="this node has no schedulable device",
+        )
+    order = list(ReasonCode)
+    best = min(attempts, key=lambda a: _reason_rank(a.reason, order))
+    assert best.reason is not None
+    return Decision(
+        False,
+        reason=best.reason,
+        attempts=tuple(attempts),
+        message=f"no device fits: {best.device_uuid}: {best.detail}",
+    )
+
+
+_RANK = (
+    ReasonCode.NO_MEMORY,
+    ReasonCode.NO_COMPUTE,
+    ReasonCode.CLIENT_LIMIT,
+    ReasonCode.TRUST_CONFLICT,
+    ReasonCode.EXCLUSIVE_BUSY,
+    ReasonCode.RETENTION_BELOW_FLOOR,
+    ReasonCode.DEVICE_DEGRADED,
+    ReasonCode.DRAINING,
+    ReasonCode.DEVICE_UNAVAILABLE,
+    ReasonCode.STORE_UNAVAILABLE,
+    ReasonCode.MODEL_MISMATCH,
+)
+
+
+def _reason_rank(reason: ReasonCode | None, order: list[ReasonCode]) -> int:
+    """Capacity reasons first: they say the most about what would help."""
+    if reason in _RANK:
+        return _RANK.index(reason)
+    return len(_RANK) + (order.index(reason) if reason in order else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    device_uuid: str
+    victims: tuple[Lease, ...]
+    lost_lease_s: float
+
+    def decision(self, attempts: Sequence[DeviceAttempt]) -> Decision:
+        ids = tuple(v.lease_id for v in self.victims)
+        return Decision(
+            True,
+            self.device_uuid,
+            attempts=tuple(attempts),
+            preempted_lease_ids=ids,
+            preempted_lease_s=self.lost_lease_s,
+            message=(
+                f"preempts {len(ids)} best-effort lease(s), "
+                f"{self.lost_lease_s:.0f} s of lease time lost"
+            ),
+        )
+
+
+def preemption_plan(
+    request: AdmissionRequest, views: Sequence[DeviceView], rules: Rules, *, now: float
+) -> PreemptionPlan | None:
+    """For a guaranteed request: the device where evicting the fewest, youngest best-effort
+    leases makes it fit, losing the least lease time."""
+    plans = []
+    for view in views:
+        if view.closed is not None:
+            continue
+        victims = sorted(
+            (lease for lease in view.leases if lease.priority is PriorityClass.BEST_EFFORT),
+            key=lambda lease: -lease.created_at,
+        )
+        for count in range(1, len(victims) + 1):
+            chosen = victims[:count]
+            remaining = tuple(lease for lease in view.leases if lease not in chosen)
+            trial = DeviceView(view.device, remaining)
+            if check(trial, request, rules).fits:
+                lost = sum(max(0.0, now - lease.created_at) for lease in chosen)
+                plans.append(PreemptionPlan(view.device.uuid, tuple(chosen), lost))
+                break
+    if not plans:
+        return None
+    return min(plans, key=lambda p: (len(p.victims), p.lost_lease_s, p.device_uuid))
