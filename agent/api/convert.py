@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from agent import __version__
 from agent.api.proto import agent_pb2 as pb
-from agent.core.types import Device, MpsDaemonState, NodeSnapshot, Sample, WindowSample
+from agent.core.lease import Lease
+from agent.core.types import (
+    AdmitResult,
+    Decision,
+    Device,
+    DeviceLedger,
+    Event,
+    MpsDaemonState,
+    NodeSnapshot,
+    Sample,
+    WindowSample,
+)
 
 
 def device_to_pb(device: Device) -> pb.Device:
@@ -66,4 +77,86 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
         latest_windows=[window_to_pb(w) for w in snapshot.latest_windows],
         telemetry_source=snapshot.telemetry_source,
         stale_devices=list(snapshot.stale_devices),
+        leases=[lease_to_pb(lease, snapshot) for lease in snapshot.leases],
+        ledger=[ledger_to_pb(entry) for entry in snapshot.ledger],
+        stranded_memory_bytes=snapshot.stranded_memory_bytes,
+        stranded_thread_pct=snapshot.stranded_thread_pct,
+    )
+
+
+def ledger_to_pb(entry: DeviceLedger) -> pb.DeviceLedger:
+    return pb.DeviceLedger(
+        device_uuid=entry.device_uuid,
+        memory_committed_bytes=entry.memory_committed_bytes,
+        threads_committed_pct=entry.threads_committed_pct,
+        leases=entry.leases,
+        closed=entry.closed,
+        closed_detail=entry.closed_detail,
+    )
+
+
+def lease_to_pb(lease: Lease, snapshot: NodeSnapshot | None = None) -> pb.Lease:
+    index = 0
+    if snapshot is not None:
+        index = next((d.index for d in snapshot.devices if d.uuid == lease.device_uuid), 0)
+    return pb.Lease(
+        lease_id=lease.lease_id,
+        request_id=lease.request_id,
+        gang_id=lease.gang_id or "",
+        tenant=lease.tenant,
+        trust_domain=lease.trust_domain,
+        device_uuid=lease.device_uuid,
+        device_index=index,
+        priority=lease.priority.value,
+        memory_bytes=lease.memory_bytes,
+        thread_pct=lease.thread_pct,
+        state=lease.state.value,
+        created_at=lease.created_at,
+        updated_at=lease.updated_at,
+        expires_at=lease.expires_at or 0.0,
+        reason=lease.reason,
+        profile=lease.profile or "",
+    )
+
+
+def decision_to_pb(decision: Decision) -> pb.Decision:
+    return pb.Decision(
+        admitted=decision.admitted,
+        device_uuid=decision.device_uuid or "",
+        reason=decision.reason.value if decision.reason else "",
+        message=decision.message,
+        attempts=[
+            pb.DeviceAttempt(
+                device_uuid=a.device_uuid,
+                fits=a.fits,
+                reason=a.reason.value if a.reason else "",
+                detail=a.detail,
+            )
+            for a in decision.attempts
+        ],
+        preempted_lease_ids=list(decision.preempted_lease_ids),
+        preempted_lease_s=decision.preempted_lease_s,
+    )
+
+
+def result_to_pb(result: AdmitResult, snapshot: NodeSnapshot | None = None) -> pb.AdmitResponse:
+    response = pb.AdmitResponse(
+        decision=decision_to_pb(result.decision),
+        env=dict(result.env),
+        mounts=[pb.Mount(host_path=h, container_path=c) for h, c in result.mounts],
+    )
+    if result.lease is not None:
+        response.lease.CopyFrom(lease_to_pb(result.lease, snapshot))
+    return response
+
+
+def event_to_pb(event: Event) -> pb.Event:
+    return pb.Event(
+        seq=event.seq,
+        at=event.at,
+        kind=event.kind,
+        message=event.message,
+        device_uuid=event.device_uuid or "",
+        lease_id=event.lease_id or "",
+        attrs=dict(event.attrs),
     )

@@ -1,15 +1,17 @@
-"""The gRPC server: the ``gpushare.v1.Agent`` service, health and reflection.
+"""The gRPC servers: ``gpushare.v1.Agent``, health and reflection.
 
-Listeners: a Unix socket for the local CLI (mode 0660) and, optionally, TCP for the
-central scheduler. Errors from the agent's tree are mapped to status codes here and only
-here.
+Two listeners, two servers over one node: the Unix socket for the local CLI (mode 0660,
+admin RPCs allowed) and, optionally, TCP for the scheduler (a bearer token checked in
+constant time, or mutual TLS; admin RPCs answer PERMISSION_DENIED). Errors of the agent's
+tree become status codes here and only here; anything else is INTERNAL and logged.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -17,71 +19,235 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from grpc_reflection.v1alpha import reflection
 
-from agent.api.convert import snapshot_to_pb
+from agent.api import convert, validate
+from agent.api.auth import TlsFiles, TokenInterceptor
+from agent.api.ports import EventFeed, NodeApi
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
-from agent.core.errors import GpushareError
-from agent.core.types import NodeSnapshot
+from agent.core.errors import (
+    ConflictError,
+    GpushareError,
+    NotFoundError,
+    StateError,
+    ValidationError,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
 SOCKET_MODE = 0o660
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+STATUS = {
+    ValidationError: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    StateError: grpc.StatusCode.UNAVAILABLE,
+}
+Context = grpc.aio.ServicerContext[Any, Any]
+T = TypeVar("T")
+
+
+async def answer(context: Context, call: Callable[[], Awaitable[T]]) -> T:
+    """Run a handler body, mapping the agent's errors to gRPC status codes."""
+    try:
+        return await call()
+    except GpushareError as exc:
+        code = next(
+            (c for cls, c in STATUS.items() if isinstance(exc, cls)), grpc.StatusCode.UNAVAILABLE
+        )
+        await context.abort(code, str(exc))
+    except Exception:
+        log.exception("internal error in %s", context)
+        await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the agent log")
+    raise AssertionError("abort returns by raising")
 
 
 class AgentService(pb_grpc.AgentServicer):
-    def __init__(self, snapshot: Callable[[], NodeSnapshot]) -> None:
-        self._snapshot = snapshot
+    def __init__(self, node: NodeApi, events: EventFeed, *, admin: bool, max_batch: int) -> None:
+        self._node = node
+        self._events = events
+        self._admin = admin
+        self._max_batch = max_batch
 
-    async def GetNode(
-        self, request: pb.GetNodeRequest, context: grpc.aio.ServicerContext[object, object]
-    ) -> pb.GetNodeResponse:
-        try:
-            return snapshot_to_pb(self._snapshot())
-        except GpushareError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            raise  # abort raises; this line is never reached
+    async def _admin_only(self, context: Context, name: str) -> None:
+        if not self._admin:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{name} is allowed only on the agent's local Unix socket",
+            )
+
+    async def Ping(self, request: pb.PingRequest, context: Context) -> pb.PingResponse:
+        return pb.PingResponse()
+
+    async def GetNode(self, request: pb.GetNodeRequest, context: Context) -> pb.GetNodeResponse:
+        async def run() -> pb.GetNodeResponse:
+            return convert.snapshot_to_pb(self._node.snapshot())
+
+        return await answer(context, run)
+
+    async def Admit(self, request: pb.AdmitRequest, context: Context) -> pb.AdmitResponse:
+        async def run() -> pb.AdmitResponse:
+            result = await self._node.admit(validate.request(request.request))
+            return convert.result_to_pb(result, self._node.snapshot())
+
+        return await answer(context, run)
+
+    async def Explain(self, request: pb.AdmitRequest, context: Context) -> pb.AdmitResponse:
+        async def run() -> pb.AdmitResponse:
+            return convert.result_to_pb(await self._node.explain(validate.request(request.request)))
+
+        return await answer(context, run)
+
+    async def AdmitBatch(
+        self, request: pb.AdmitBatchRequest, context: Context
+    ) -> pb.AdmitBatchResponse:
+        async def run() -> pb.AdmitBatchResponse:
+            if len(request.requests) > self._max_batch:
+                raise ValidationError("requests", f"holds more than {self._max_batch} requests")
+            requests = [
+                validate.request(r, field=f"requests[{i}]") for i, r in enumerate(request.requests)
+            ]
+            if len({r.request_id for r in requests}) != len(requests):
+                raise ValidationError("requests", "request ids must be unique in a batch")
+            results = await self._node.admit_batch(requests)
+            snapshot = self._node.snapshot()
+            return pb.AdmitBatchResponse(
+                results=[convert.result_to_pb(r, snapshot) for r in results],
+                order=[r.request_id for r in requests],
+            )
+
+        return await answer(context, run)
+
+    async def Reserve(self, request: pb.ReserveRequest, context: Context) -> pb.AdmitResponse:
+        async def run() -> pb.AdmitResponse:
+            gang = validate.identifier(request.gang_id, "gang_id")
+            result = await self._node.admit(
+                validate.request(request.request), gang_id=gang, ttl_s=validate.ttl(request.ttl_s)
+            )
+            return convert.result_to_pb(result, self._node.snapshot())
+
+        return await answer(context, run)
+
+    async def Commit(self, request: pb.GangRequest, context: Context) -> pb.GangResponse:
+        async def run() -> pb.GangResponse:
+            leases = await self._node.commit(validate.identifier(request.gang_id, "gang_id"))
+            return pb.GangResponse(leases=[convert.lease_to_pb(x) for x in leases])
+
+        return await answer(context, run)
+
+    async def Abort(self, request: pb.GangRequest, context: Context) -> pb.GangResponse:
+        async def run() -> pb.GangResponse:
+            leases = await self._node.abort(validate.identifier(request.gang_id, "gang_id"))
+            return pb.GangResponse(leases=[convert.lease_to_pb(x) for x in leases])
+
+        return await answer(context, run)
+
+    async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
+        async def run() -> pb.ReleaseResponse:
+            lease = await self._node.release(validate.identifier(request.lease_id, "lease_id"))
+            return pb.ReleaseResponse(lease=convert.lease_to_pb(lease))
+
+        return await answer(context, run)
+
+    async def WatchEvents(
+        self, request: pb.WatchEventsRequest, context: Context
+    ) -> AsyncIterator[pb.Event]:
+        last = request.since_seq
+        if last + 1 < self._events.oldest_seq:
+            for event in await self._events.stored_since(last, limit=100_000):
+                last = event.seq
+                yield convert.event_to_pb(event)
+        while True:
+            for event in self._events.since(last):
+                last = event.seq
+                yield convert.event_to_pb(event)
+            await self._events.wait_for_new()
+
+    async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
+        await self._admin_only(context, "Drain")
+
+        async def run() -> pb.DrainResponse:
+            reason = validate.text(request.reason, "reason")
+            return pb.DrainResponse(devices=await self._node.drain(request.device_uuid, reason))
+
+        return await answer(context, run)
+
+    async def Undrain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
+        await self._admin_only(context, "Undrain")
+
+        async def run() -> pb.DrainResponse:
+            return pb.DrainResponse(devices=await self._node.undrain(request.device_uuid))
+
+        return await answer(context, run)
+
+    async def ClearStale(
+        self, request: pb.ClearStaleRequest, context: Context
+    ) -> pb.ClearStaleResponse:
+        await self._admin_only(context, "ClearStale")
+
+        async def run() -> pb.ClearStaleResponse:
+            actions = await self._node.clear_stale(dry_run=request.dry_run)
+            return pb.ClearStaleResponse(actions=actions, dry_run=request.dry_run)
+
+        return await answer(context, run)
 
 
 class GrpcServer:
-    """Owns the grpc.aio server. ``start`` binds; ``stop`` drains within a grace period."""
+    """One grpc.aio server on one listener. ``start`` binds; ``stop`` drains within a grace."""
 
-    def __init__(self, service: AgentService, *, unix_socket: str, tcp_listen: str = "") -> None:
+    def __init__(
+        self,
+        service: AgentService,
+        *,
+        address: str,
+        key: str,
+        token: str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self._service = service
-        self._unix_socket = unix_socket
-        self._tcp_listen = tcp_listen
+        self._address = address
+        self._key = key
+        self._token = token
+        self._tls = tls
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
-        self.tcp_port: int | None = None
+        self.port: int | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server()
+        interceptors = [TokenInterceptor(self._token)] if self._token else []
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
         pb_grpc.add_AgentServicer_to_server(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        self._bind(server, f"unix:{self._unix_socket}", "api.unix_socket")
-        if self._tcp_listen:
-            self.tcp_port = self._bind(server, self._tcp_listen, "api.tcp_listen")
+        try:
+            if self._tls is not None:
+                self.port = server.add_secure_port(self._address, self._tls.credentials())
+            else:
+                self.port = server.add_insecure_port(self._address)
+        except RuntimeError as exc:
+            raise GpushareError(
+                f"cannot serve gRPC on {self._address}: {exc} (see {self._key})"
+            ) from exc
         await server.start()
-        os.chmod(self._unix_socket, SOCKET_MODE)
+        if self._address.startswith("unix:"):
+            os.chmod(self._address.removeprefix("unix:"), SOCKET_MODE)
         serving = health_pb2.HealthCheckResponse.SERVING
         await self._health.set("", serving)
         await self._health.set(SERVICE_NAME, serving)
         self._server = server
         log.info(
-            "gRPC serving on unix:%s%s",
-            self._unix_socket,
-            f" and {self._tcp_listen}" if self._tcp_listen else "",
+            "gRPC serving on %s%s",
+            self._address,
+            " (token)" if self._token else " (mutual TLS)" if self._tls else "",
         )
-
-    @staticmethod
-    def _bind(server: grpc.aio.Server, address: str, key: str) -> int:
-        try:
-            return server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise GpushareError(f"cannot serve gRPC on {address}: {exc} (see {key})") from exc
 
     async def stop(self, grace_s: float) -> None:
         if self._server is None:

@@ -67,6 +67,17 @@ class ApiSettings:
         "127.0.0.1:9808",
         "host:port of the HTTP server for /metrics, /healthz and /readyz. Empty: disabled.",
     )
+    token_file: str = _setting(
+        "",
+        "File holding the bearer token TCP callers must send (authorization: Bearer <token>). "
+        "Read at start; never logged.",
+    )
+    tls_cert_file: str = _setting("", "Server certificate (PEM) for mutual TLS on TCP.")
+    tls_key_file: str = _setting("", "Server private key (PEM) for mutual TLS on TCP.")
+    tls_client_ca_file: str = _setting(
+        "", "CA (PEM) that client certificates must chain to; set all three for mutual TLS."
+    )
+    max_batch: int = _setting(1024, "Most requests in one AdmitBatch.", min=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +163,40 @@ class TelemetrySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    memory_reserve: str = _setting(
+        "1GiB", "Device memory never given to leases (driver, fragmentation head-room)."
+    )
+    context_overhead: str = _setting(
+        "512MiB", "Device memory counted for each client's CUDA context, on top of its limit."
+    )
+    thread_budget_pct: float = _setting(
+        200.0,
+        "Sum of the thread percentages of a device's leases may reach this (they are caps, "
+        "not reservations).",
+        min=1.0,
+    )
+    guaranteed_budget_pct: float = _setting(
+        100.0, "Sum of the thread percentages of guaranteed leases on a device.", min=1.0
+    )
+    max_clients: int = _setting(
+        48, "Leases per device (the MPS client limit of Volta and later).", min=1
+    )
+    placement: str = _setting(
+        "best-fit",
+        "How a device is chosen among those that fit.",
+        choices=("best-fit", "first-fit", "worst-fit"),
+    )
+    reservation_ttl_s: float = _setting(
+        30.0, "Default life of a Reserve that is not committed.", min=0.1
+    )
+    standard_sizes: str = _setting(
+        "10GiB/12.5,20GiB/25,40GiB/50",
+        "Request sizes (memory/threads %) that stranded capacity is measured against.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeSettings:
     node_name: str = _setting(
         socket.gethostname(),
@@ -185,12 +230,17 @@ class Settings:
     api: ApiSettings = field(default_factory=ApiSettings)
     mps: MpsSettings = field(default_factory=MpsSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 
     @property
     def unix_socket_path(self) -> str:
         return self.api.unix_socket or f"{self.paths.runtime_dir}/agent.sock"
+
+    @property
+    def state_db_path(self) -> str:
+        return f"{self.paths.state_dir}/gpushare.db"
 
     @property
     def mps_root_dir(self) -> str:

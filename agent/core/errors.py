@@ -17,7 +17,9 @@ maps them onto gRPC status codes; the CLI maps them onto exit codes.
     ├── MpsError               MPS control failed
     │   ├── MpsControlError       a control command failed or was answered with an error
     │   └── MpsDaemonDownError    the device's control daemon is not running
-    └── StateError             the durable store cannot read or write
+    ├── StateError             the durable store cannot read or write
+    ├── NotFoundError          no such lease or gang
+    └── ConflictError          the request contradicts the state (an expired gang, ...)
 """
 
 from __future__ import annotations
@@ -85,3 +87,11 @@ class MpsDaemonDownError(MpsError):
 
 class StateError(GpushareError):
     """The durable state store cannot read or write."""
+
+
+class NotFoundError(GpushareError):
+    """No lease, gang or device by that id."""
+
+
+class ConflictError(GpushareError):
+    """The request contradicts what is recorded (an expired reservation, a reused id)."""

@@ -74,6 +74,7 @@ class Lease:
     expires_at: float | None = None
     client_pids: tuple[int, ...] = ()
     reason: str = ""
+    gang_id: str | None = None
 
 
 def can_transition(current: LeaseState, target: LeaseState) -> bool:

@@ -10,8 +10,12 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from agent.core.errors import ValidationError
+
+if TYPE_CHECKING:
+    from agent.core.lease import Lease
 
 
 class SharingMode(enum.StrEnum):
@@ -204,6 +208,28 @@ class MpsDaemonState:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmitResult:
+    """A decision, and when admitted the lease, its environment and the paths to mount."""
+
+    decision: Decision
+    lease: Lease | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLedger:
+    """What a device holds, and why it takes nothing now (if it does not)."""
+
+    device_uuid: str
+    memory_committed_bytes: int
+    threads_committed_pct: float
+    leases: int
+    closed: str = ""
+    closed_detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """The node as the API and the metrics see it at one instant."""
 
@@ -216,3 +242,7 @@ class NodeSnapshot:
     latest_windows: tuple[WindowSample, ...] = ()
     telemetry_source: str = ""
     stale_devices: tuple[str, ...] = ()
+    leases: tuple[Lease, ...] = ()
+    ledger: tuple[DeviceLedger, ...] = ()
+    stranded_memory_bytes: int = 0
+    stranded_thread_pct: float = 0.0

@@ -1,8 +1,8 @@
-"""The one composition root: reads like a wiring diagram of the agent.
+"""The composition root: reads like a wiring diagram of the agent.
 
-Only this module constructs adapters. ``App.run`` starts everything in order, waits for a
-stop signal or a crashed core task, then stops everything in escalating steps within the
-configured grace period.
+``wiring.py`` constructs the adapters; this module starts them in order, serves until a stop
+signal or a crashed core task, then stops everything in escalating steps within the grace
+period. Nothing else constructs or starts adapters.
 """
 
 from __future__ import annotations
@@ -13,127 +13,33 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from agent.api.auth import TlsFiles, read_token
 from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.grpc_server import AgentService, GrpcServer
 from agent.api.http import HttpServer, build_http_app
 from agent.config import Settings, settings_as_dict
 from agent.core.errors import GpushareError
-from agent.core.types import Device, NodeSnapshot
-from agent.gpu.exporter import ExporterTelemetry
-from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
-from agent.gpu.port import GpuBackend, TelemetrySource
+from agent.core.types import Device, DeviceLedger, NodeSnapshot
+from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.mps.control import SubprocessMpsControl
-from agent.mps.manager import SupervisedMpsManager
-from agent.mps.port import ControlChannel, MpsManager
-from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from agent.runtime import checks
 from agent.runtime.events import EventLog
+from agent.runtime.facade import NodeFacade
 from agent.runtime.lock import InstanceLock
+from agent.runtime.node import NodeService
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, reap_children
 from agent.runtime.tasks import Supervisor
-from agent.sim.contention import device_counters
+from agent.runtime.wiring import Ports, admission_rules, build_ports, standard_sizes
+from agent.state.sqlite import SqliteStateStore
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class Ports:
-    """The hardware-facing collaborators; tests and the simulated node pass fakes."""
-
-    gpu: GpuBackend
-    mps: MpsManager
-    telemetry: list[TelemetrySource]  # candidates, in order of preference
-    simulated: bool
-
-
-def build_ports(settings: Settings, events: EventLog) -> Ports:
-    if settings.sim.enabled:
-        spec = checks.load_sim_spec(settings.sim.node_file)
-        gpu: GpuBackend = FakeGpuBackend(spec.devices)
-    else:
-        from agent.gpu.nvml import NvmlGpuBackend
-
-        gpu = NvmlGpuBackend()
-    return Ports(
-        gpu=gpu,
-        mps=build_mps_manager(settings, gpu, events),
-        telemetry=build_telemetry(settings),
-        simulated=settings.sim.enabled,
-    )
-
-
-def build_telemetry(settings: Settings) -> list[TelemetrySource]:
-    """The counter sources to try, best first (see telemetry.source)."""
-    t = settings.telemetry
-    choice = t.source
-    if choice == "auto":
-        choice = "sim" if settings.sim.enabled else "dcgm,exporter,nvml"
-    sources: list[TelemetrySource] = []
-    for name in choice.split(","):
-        if name == "sim":
-            sources.append(FakeTelemetrySource(sim_counters))
-        elif name == "dcgm":
-            from agent.gpu.dcgm import DcgmTelemetry
-
-            sources.append(DcgmTelemetry(hostname=t.dcgm_host, interval_s=t.sample_interval_s))
-        elif name == "exporter":
-            sources.append(ExporterTelemetry(t.exporter_url, timeout_s=t.exporter_timeout_s))
-        elif name == "nvml":
-            from agent.gpu.nvml_counters import NvmlTelemetry
-
-            sources.append(NvmlTelemetry())
-    return sources
-
-
-def sim_counters(_device: Device, _now: float) -> dict[str, float]:
-    """Counters of a simulated device from the contention model of what runs on it.
-    Nothing is placed on simulated devices yet, so they read as idle."""
-    return device_counters([])
-
-
-def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:
-    m = settings.mps
-    options = SupervisorOptions(
-        binary=checks.resolve_control_binary(settings),
-        root_dir=settings.mps_root_dir,
-        probe_interval_s=m.probe_interval_s,
-        hung_after_probes=m.hung_after_probes,
-        start_timeout_s=m.start_timeout_s,
-        backoff_initial_s=m.restart_backoff_initial_s,
-        backoff_max_s=m.restart_backoff_max_s,
-        quit_timeout_s=m.quit_timeout_s,
-        client_gid=m.client_gid,
-        multi_user=m.multi_user,
-    )
-    defaults = DaemonDefaults(m.default_thread_pct, checks.memory_limit_bytes(settings))
-
-    def channel(_device: Device, env: Mapping[str, str]) -> ControlChannel:
-        return SubprocessMpsControl(options.binary, env, timeout_s=m.command_timeout_s)
-
-    async def set_exclusive(device: Device, exclusive: bool) -> None:
-        await gpu.set_compute_mode(device, exclusive=exclusive)
-
-    return SupervisedMpsManager(
-        options,
-        lambda _device: defaults,
-        channel_factory=channel,
-        emit=events,
-        set_exclusive=set_exclusive,
-    )
-
-
-@dataclass
-class _Running:
-    devices: list[Device] = field(default_factory=list)
-    started: bool = False
-    stopping: bool = False
+__all__ = ["App", "Ports"]
 
 
 class App:
@@ -148,17 +54,17 @@ class App:
         self.settings = settings
         self.events = EventLog(clock=clock)
         self.ports = ports or build_ports(settings, self.events)
+        self.store = self.ports.store or SqliteStateStore(settings.state_db_path)
+        self.rules = admission_rules(settings)
+        self.sizes = standard_sizes(settings)
         self._clock = clock
-        self._state = _Running()
-        self.supervisor = Supervisor()
-        self.lock = InstanceLock(settings.unix_socket_path)
+        self.devices: list[Device] = []
+        self.node: NodeService | None = None
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
-        self.grpc = GrpcServer(
-            AgentService(self.snapshot),
-            unix_socket=settings.unix_socket_path,
-            tcp_listen=settings.api.tcp_listen,
-        )
+        self.supervisor = Supervisor()
+        self.lock = InstanceLock(settings.unix_socket_path)
+        self.servers = self._grpc_servers(settings)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(AgentCollector(self.snapshot, self._telemetry_stats, clock=clock))
         self.http = None
@@ -167,7 +73,44 @@ class App:
             self.http = HttpServer(app, listen=settings.api.http_listen)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
+        self._started = self._stopping = False
         self._shutdown = ShutdownPlan(grace_s=settings.runtime.shutdown_grace_s)
+
+    def _grpc_servers(self, settings: Settings) -> list[GrpcServer]:
+        facade = NodeFacade(self.snapshot, lambda: self.node)
+        api = settings.api
+
+        def service(*, admin: bool) -> AgentService:
+            return AgentService(facade, self.events, admin=admin, max_batch=api.max_batch)
+
+        servers = [
+            GrpcServer(
+                service(admin=True),
+                address=f"unix:{settings.unix_socket_path}",
+                key="api.unix_socket",
+            )
+        ]
+        if api.tcp_listen:
+            tls = (
+                TlsFiles(api.tls_cert_file, api.tls_key_file, api.tls_client_ca_file)
+                if api.tls_cert_file
+                else None
+            )
+            token = read_token(api.token_file) if api.token_file else None
+            servers.append(
+                GrpcServer(
+                    service(admin=False),
+                    address=api.tcp_listen,
+                    key="api.tcp_listen",
+                    token=token,
+                    tls=tls,
+                )
+            )
+        return servers
+
+    @property
+    def tcp_port(self) -> int | None:
+        return self.servers[1].port if len(self.servers) > 1 else None
 
     # -- running ---------------------------------------------------------------------------
 
@@ -221,26 +164,39 @@ class App:
 
     async def _start(self) -> None:
         log.info("effective configuration: %s", settings_as_dict(self.settings))
+        await self.store.start()
+        await self.events.resume(self.store)
+        self.supervisor.spawn("event-persister", self.events.persister(self.store))
         await self.ports.gpu.start()
-        devices = await self.ports.gpu.list_devices()
-        self._state.devices = devices
+        self.devices = await self.ports.gpu.list_devices()
         log.info(
             "node %s: %d device(s) on the %s backend%s; MPS control: %s",
             self.settings.runtime.node_name,
-            len(devices),
+            len(self.devices),
             self.ports.gpu.name,
             " (simulated node)" if self.ports.simulated else "",
             self.ports.mps.backend,
         )
         if become_subreaper():
             self.supervisor.spawn("orphan-reaper", orphan_reaper())
-        await self.ports.mps.start(devices)
+        await self.ports.mps.start(self.devices)
         self.supervisor.spawn("mps-supervisor", self.ports.mps.run())
-        self.telemetry = await self._select_telemetry(devices)
+        await self._start_telemetry()
+        await self._start_node()
+        if self.http is not None:
+            await self.http.start()
+        for server in self.servers:
+            await server.start()
+        self._started = True
+        self.ready.set()
+        log.info("agent ready (pid %d, socket %s)", os.getpid(), self.settings.unix_socket_path)
+
+    async def _start_telemetry(self) -> None:
+        self.telemetry = await self._select_telemetry(self.devices)
         t = self.settings.telemetry
         self.sampler = Sampler(
             self.telemetry,
-            devices,
+            self.devices,
             interval_s=t.sample_interval_s,
             window_s=t.window_s,
             keep_windows=t.keep_windows,
@@ -251,12 +207,21 @@ class App:
         self.supervisor.spawn(
             "gpu-events", self.ports.gpu.watch_events(self._gpu_event), core=False
         )
-        if self.http is not None:
-            await self.http.start()
-        await self.grpc.start()
-        self._state.started = True
-        self.ready.set()
-        log.info("agent ready (pid %d, socket %s)", os.getpid(), self.settings.unix_socket_path)
+
+    async def _start_node(self) -> None:
+        self.node = NodeService(
+            self.devices,
+            store=self.store,
+            events=self.events,
+            rules=self.rules,
+            sizes=self.sizes,
+            mps_root=self.settings.mps_root_dir,
+            mps_states=self.ports.mps.states,
+            clock=self._clock,
+            reservation_ttl_s=self.settings.admission.reservation_ttl_s,
+        )
+        await self.node.load()
+        self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
 
     async def _select_telemetry(self, devices: list[Device]) -> TelemetrySource:
         """The first candidate that starts and reads; else the last one, to recover later."""
@@ -286,10 +251,11 @@ class App:
         self.events(kind, message, device_uuid=device_uuid, attrs=attrs)
 
     async def _stop_everything(self) -> None:
-        self._state.stopping = True
+        self._stopping = True
         plan = self._shutdown
         plan.begin()
-        await plan.step("stop gRPC", self.grpc.stop(plan.share(0.3)))
+        for server in self.servers:
+            await plan.step("stop gRPC", server.stop(plan.share(0.2)))
         if self.http is not None:
             await plan.step("stop HTTP", self.http.stop())
         stuck = await self.supervisor.stop(timeout_s=plan.share(0.3))
@@ -299,6 +265,7 @@ class App:
         if self.telemetry is not None:
             await plan.step("close telemetry", self.telemetry.aclose())
         await plan.step("close GPU backend", self.ports.gpu.aclose())
+        await plan.step("close the state store", self.store.aclose())
         await asyncio.to_thread(reap_children, timeout_s=max(plan.remaining(), 0.5))
         if plan.overran:
             log.warning("orderly stop incomplete: %s", ", ".join(plan.overran))
@@ -306,27 +273,48 @@ class App:
     # -- views -----------------------------------------------------------------------------
 
     def snapshot(self) -> NodeSnapshot:
+        sampler, node = self.sampler, self.node
+        ledger: tuple[DeviceLedger, ...] = ()
+        stranded_bytes, stranded_pct = 0, 0.0
+        if node is not None:
+            ledger = tuple(
+                DeviceLedger(
+                    v.device.uuid,
+                    v.memory_committed_bytes,
+                    v.threads_committed_pct,
+                    len(v.leases),
+                    v.closed.value if v.closed else "",
+                    v.closed_detail,
+                )
+                for v in node.views()
+            )
+            stranded = node.stranded()
+            stranded_bytes, stranded_pct = stranded.memory_bytes, stranded.thread_pct
         return NodeSnapshot(
             node_name=self.settings.runtime.node_name,
             simulated=self.ports.simulated,
             taken_at=self._clock(),
-            devices=tuple(self._state.devices),
+            devices=tuple(self.devices),
             mps=tuple(self.ports.mps.states()),
-            latest_samples=tuple(self.sampler.latest() if self.sampler else ()),
-            latest_windows=tuple(self.sampler.latest_windows() if self.sampler else ()),
+            latest_samples=tuple(sampler.latest() if sampler else ()),
+            latest_windows=tuple(sampler.latest_windows() if sampler else ()),
             telemetry_source=self.telemetry.name if self.telemetry else "",
             stale_devices=tuple(self._stale()),
+            leases=tuple(node.leases.values()) if node else (),
+            ledger=ledger,
+            stranded_memory_bytes=stranded_bytes,
+            stranded_thread_pct=stranded_pct,
         )
 
     def _stale(self) -> list[str]:
         if self.sampler is None:
-            return [d.uuid for d in self._state.devices]
+            return [d.uuid for d in self.devices]
         return self.sampler.stale_devices(stale_after_s=self.settings.telemetry.stale_after_s)
 
     def readiness_problems(self) -> list[str]:
-        if self._state.stopping:
+        if self._stopping:
             return ["agent is stopping"]
-        if not self._state.started or self.sampler is None:
+        if not self._started:
             return ["agent is starting"]
         problems = [
             f"MPS daemon down on {m.device_uuid}: {m.detail or 'not answering'}"
@@ -334,6 +322,8 @@ class App:
             if not m.up
         ]
         problems += [f"telemetry stale on {uuid}" for uuid in self._stale()]
+        if not self.store.writable():
+            problems.append(f"state store {self.settings.state_db_path} cannot write")
         return problems
 
     def _telemetry_stats(self) -> TelemetryStats:

@@ -31,7 +31,7 @@ def split_listen(key: str, listen: str) -> tuple[str, int]:
 def check_settings(settings: Settings) -> None:
     if settings.api.http_listen:
         split_listen("api.http_listen", settings.api.http_listen)
-    check_tcp_listen(settings.api.tcp_listen)
+    check_tcp_listen(settings)
     if len(settings.unix_socket_path.encode()) > MAX_UNIX_SOCKET_PATH:
         raise ConfigError(
             "api.unix_socket",
@@ -41,19 +41,31 @@ def check_settings(settings: Settings) -> None:
     memory_limit_bytes(settings)
 
 
-def check_tcp_listen(listen: str) -> None:
-    """Until the scheduler listener is authenticated it may bind to loopback only."""
-    if not listen:
+def check_tcp_listen(settings: Settings) -> None:
+    """A TCP listener off loopback must be authenticated (a token, or mutual TLS)."""
+    api = settings.api
+    if not api.tcp_listen:
         return
-    host, _port = split_listen("api.tcp_listen", listen)
+    host, _port = split_listen("api.tcp_listen", api.tcp_listen)
+    tls = [api.tls_cert_file, api.tls_key_file, api.tls_client_ca_file]
+    if any(tls) and not all(tls):
+        raise ConfigError("api.tls_cert_file", "mutual TLS needs the cert, key and client CA")
+    for key, path in (
+        ("api.token_file", api.token_file),
+        ("api.tls_cert_file", tls[0]),
+        ("api.tls_key_file", tls[1]),
+        ("api.tls_client_ca_file", tls[2]),
+    ):
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(key, f"cannot read {path}")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False
-    if not loopback:
+    if not loopback and not api.token_file and not all(tls):
         raise ConfigError(
             "api.tcp_listen",
-            "the TCP listener has no authentication in this version; bind it to 127.0.0.1",
+            "a TCP listener off loopback needs api.token_file or mutual TLS (api.tls_*)",
         )
 
 

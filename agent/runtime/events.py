@@ -1,17 +1,25 @@
-"""The node's event log: every action and observation, numbered, kept in memory and logged
-as an audit line. (Durable storage and streaming to the scheduler come with the state
-store.)"""
+"""The node's event log: every action and observation, numbered, kept in memory, streamed
+to watchers, written to the store, and logged as an audit line.
+
+Events that belong to a lease change are written in the same transaction as the lease
+(``make`` + the caller's commit). Others (``__call__``) are written by the ``persister``
+task in small batches. Sequence numbers continue across restarts from the store.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
+from agent.core.errors import StateError
 from agent.core.types import Event
+from agent.state.port import StateStore
 
 audit = logging.getLogger("gpushare.audit")
+log = logging.getLogger(__name__)
 
 
 class EventLog:
@@ -19,6 +27,49 @@ class EventLog:
         self._events: deque[Event] = deque(maxlen=capacity)
         self._seq = 0
         self._clock = clock
+        self._changed = asyncio.Event()
+        self._unsaved: list[Event] = []
+        self._store: StateStore | None = None
+
+    async def resume(self, store: StateStore) -> None:
+        """Continue after what the store holds (at start, before any new event)."""
+        self._store = store
+        last = await store.last_event_seq()
+        recent = await store.events_since(
+            max(0, last - (self._events.maxlen or 0)), limit=self._events.maxlen or 0
+        )
+        self._events.extend(e for e in recent if e.seq > self._seq)
+        self._seq = max(self._seq, last)
+
+    async def stored_since(self, seq: int, *, limit: int) -> list[Event]:
+        if self._store is None:
+            return self.since(seq)[:limit]
+        return await self._store.events_since(seq, limit=limit)
+
+    def make(
+        self,
+        kind: str,
+        message: str,
+        *,
+        device_uuid: str | None = None,
+        lease_id: str | None = None,
+        attrs: Mapping[str, str] | None = None,
+    ) -> Event:
+        """Number and publish an event; the caller writes it to the store."""
+        self._seq += 1
+        event = Event(self._seq, self._clock(), kind, message, device_uuid, lease_id, attrs or {})
+        self._events.append(event)
+        self._changed.set()
+        self._changed = asyncio.Event()
+        audit.info(
+            "event %d %s device=%s lease=%s %s",
+            event.seq,
+            kind,
+            device_uuid or "-",
+            lease_id or "-",
+            message,
+        )
+        return event
 
     def __call__(
         self,
@@ -29,14 +80,34 @@ class EventLog:
         lease_id: str | None = None,
         attrs: Mapping[str, str] | None = None,
     ) -> None:
-        self._seq += 1
-        event = Event(self._seq, self._clock(), kind, message, device_uuid, lease_id, attrs or {})
-        self._events.append(event)
-        audit.info("event %d %s device=%s %s", event.seq, kind, device_uuid or "-", message)
+        """Publish an event that the persister writes to the store shortly."""
+        self._unsaved.append(
+            self.make(kind, message, device_uuid=device_uuid, lease_id=lease_id, attrs=attrs)
+        )
 
     def since(self, seq: int = 0) -> list[Event]:
         return [e for e in self._events if e.seq > seq]
 
     @property
+    def oldest_seq(self) -> int:
+        return self._events[0].seq if self._events else self._seq + 1
+
+    @property
     def last_seq(self) -> int:
         return self._seq
+
+    async def wait_for_new(self) -> None:
+        await self._changed.wait()
+
+    async def persister(self, store: StateStore, *, interval_s: float = 0.2) -> None:
+        """Write published events to the store until cancelled (a supervised task)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if not self._unsaved:
+                continue
+            batch, self._unsaved = self._unsaved, []
+            try:
+                await store.commit([], batch)
+            except StateError as exc:
+                log.warning("cannot store %d event(s) yet: %s", len(batch), exc)
+                self._unsaved = (batch + self._unsaved)[-self._events.maxlen :]  # type: ignore[operator]

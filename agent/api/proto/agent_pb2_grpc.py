@@ -34,18 +34,157 @@ class AgentStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Admit = channel.unary_unary(
+                '/gpushare.v1.Agent/Admit',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.FromString,
+                _registered_method=True)
+        self.AdmitBatch = channel.unary_unary(
+                '/gpushare.v1.Agent/AdmitBatch',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitBatchRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitBatchResponse.FromString,
+                _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/gpushare.v1.Agent/Reserve',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/gpushare.v1.Agent/Commit',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.GangRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.GangResponse.FromString,
+                _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/gpushare.v1.Agent/Abort',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.GangRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.GangResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/gpushare.v1.Agent/Release',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/gpushare.v1.Agent/Explain',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.FromString,
+                _registered_method=True)
         self.GetNode = channel.unary_unary(
                 '/gpushare.v1.Agent/GetNode',
                 request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.GetNodeRequest.SerializeToString,
                 response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.GetNodeResponse.FromString,
+                _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/gpushare.v1.Agent/WatchEvents',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.Event.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/gpushare.v1.Agent/Drain',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/gpushare.v1.Agent/Undrain',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.ClearStale = channel.unary_unary(
+                '/gpushare.v1.Agent/ClearStale',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.ClearStaleRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.ClearStaleResponse.FromString,
+                _registered_method=True)
+        self.Ping = channel.unary_unary(
+                '/gpushare.v1.Agent/Ping',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.PingRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.PingResponse.FromString,
                 _registered_method=True)
 
 
 class AgentServicer:
     """Missing associated documentation comment in .proto file."""
 
+    def Admit(self, request, context):
+        """Admit one request onto a device of this node (idempotent on request_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitBatch(self, request, context):
+        """Place many requests in order; the order used is in the answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """Two-phase gang admission: hold capacity for a TTL, then Commit or Abort the gang.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Abort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Explain(self, request, context):
+        """A dry run of Admit: the decision and its reasons, nothing changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetNode(self, request, context):
-        """The node as the agent sees it: devices, MPS daemons, latest counter samples.
+        """The node as the agent sees it: devices, MPS daemons, counters, leases.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchEvents(self, request, context):
+        """Events from a sequence number on, then live (server stream; resume with since_seq).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Admin only (the local Unix socket): close devices to new leases, open them again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undrain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearStale(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ping(self, request, context):
+        """Does nothing: a baseline for latency measurements.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -54,10 +193,70 @@ class AgentServicer:
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Admit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Admit,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.SerializeToString,
+            ),
+            'AdmitBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdmitBatch,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitBatchRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitBatchResponse.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.ReserveRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.GangRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.GangResponse.SerializeToString,
+            ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.GangRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.GangResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.ReleaseRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.SerializeToString,
+            ),
             'GetNode': grpc.unary_unary_rpc_method_handler(
                     servicer.GetNode,
                     request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.GetNodeRequest.FromString,
                     response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.GetNodeResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.Event.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainResponse.SerializeToString,
+            ),
+            'ClearStale': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearStale,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.ClearStaleRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.ClearStaleResponse.SerializeToString,
+            ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.PingRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.PingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -69,6 +268,195 @@ def add_AgentServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Agent:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Admit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Admit',
+            agent_dot_api_dot_proto_dot_agent__pb2.AdmitRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/AdmitBatch',
+            agent_dot_api_dot_proto_dot_agent__pb2.AdmitBatchRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.AdmitBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Reserve',
+            agent_dot_api_dot_proto_dot_agent__pb2.ReserveRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Commit',
+            agent_dot_api_dot_proto_dot_agent__pb2.GangRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.GangResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Abort',
+            agent_dot_api_dot_proto_dot_agent__pb2.GangRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.GangResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Release',
+            agent_dot_api_dot_proto_dot_agent__pb2.ReleaseRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Explain',
+            agent_dot_api_dot_proto_dot_agent__pb2.AdmitRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def GetNode(request,
@@ -87,6 +475,141 @@ class Agent:
             '/gpushare.v1.Agent/GetNode',
             agent_dot_api_dot_proto_dot_agent__pb2.GetNodeRequest.SerializeToString,
             agent_dot_api_dot_proto_dot_agent__pb2.GetNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpushare.v1.Agent/WatchEvents',
+            agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Drain',
+            agent_dot_api_dot_proto_dot_agent__pb2.DrainRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Undrain',
+            agent_dot_api_dot_proto_dot_agent__pb2.DrainRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearStale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/ClearStale',
+            agent_dot_api_dot_proto_dot_agent__pb2.ClearStaleRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.ClearStaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/Ping',
+            agent_dot_api_dot_proto_dot_agent__pb2.PingRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.PingResponse.FromString,
             options,
             channel_credentials,
             insecure,

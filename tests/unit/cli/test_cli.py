@@ -97,7 +97,7 @@ def test_bad_sim_node_file_exits_2(runner: CliRunner, tmp_path: Path) -> None:
     assert "devices[0].memory" in result.output
 
 
-def test_tcp_listener_refuses_non_loopback_until_authenticated(
+def test_tcp_listener_refuses_non_loopback_without_authentication(
     runner: CliRunner, tmp_path: Path
 ) -> None:
     result = runner.invoke(

@@ -43,14 +43,18 @@ def test_configured_binary_must_exist() -> None:
         ("api.http_listen", "127.0.0.1:99999"),
         ("api.tcp_listen", "0.0.0.0:7000"),
         ("api.tcp_listen", "10.1.2.3:7000"),
+        ("api.token_file", "/nonexistent/token"),
         ("api.unix_socket", "/tmp/" + "x" * 120),
         ("mps.default_memory_limit", "lots"),
         ("mps.default_memory_limit", "1KiB"),
     ],
 )
 def test_bad_settings_are_named(key: str, value: str) -> None:
+    values = {key: value}
+    if key == "api.token_file":
+        values["api.tcp_listen"] = "127.0.0.1:7000"
     with pytest.raises(ConfigError) as info:
-        checks.check_settings(settings(**{key: value}))
+        checks.check_settings(settings(**values))
     assert info.value.key == key
 
 

@@ -1,0 +1,46 @@
+"""What the API needs from the node, as ports the runtime implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from agent.core.lease import Lease
+from agent.core.types import AdmissionRequest, AdmitResult, Event, NodeSnapshot
+
+
+class NodeApi(Protocol):
+    def snapshot(self) -> NodeSnapshot: ...
+
+    async def admit(
+        self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
+    ) -> AdmitResult: ...
+
+    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> list[AdmitResult]: ...
+
+    async def explain(self, request: AdmissionRequest) -> AdmitResult: ...
+
+    async def commit(self, gang_id: str) -> list[Lease]: ...
+
+    async def abort(self, gang_id: str) -> list[Lease]: ...
+
+    async def release(self, lease_id: str) -> Lease: ...
+
+    async def drain(self, device_uuid: str | None, reason: str) -> list[str]: ...
+
+    async def undrain(self, device_uuid: str | None) -> list[str]: ...
+
+    async def clear_stale(self, *, dry_run: bool) -> list[str]: ...
+
+
+class EventFeed(Protocol):
+    """Numbered events: the recent ones in memory, older ones from the store."""
+
+    def since(self, seq: int = 0) -> list[Event]: ...
+
+    @property
+    def oldest_seq(self) -> int: ...
+
+    async def wait_for_new(self) -> None: ...
+
+    async def stored_since(self, seq: int, *, limit: int) -> list[Event]: ...

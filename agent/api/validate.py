@@ -1,0 +1,115 @@
+"""Requests from the wire to core types, refusing what is malformed with the field's name.
+
+Strings are bounded, numbers range-checked, enums must be known. Everything here raises
+:class:`ValidationError` (INVALID_ARGUMENT), never anything else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from agent.admission.sizing import Mode, SizingSpec, size
+from agent.api.proto import agent_pb2 as pb
+from agent.core.errors import ValidationError
+from agent.core.types import AdmissionRequest, PriorityClass
+
+MAX_TEXT = 128
+MAX_MEMORY_BYTES = 2**50  # 1 PiB: nothing real asks for more
+_ID_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]+$")
+PRIORITIES = {
+    pb.GUARANTEED: PriorityClass.GUARANTEED,
+    pb.BURSTABLE: PriorityClass.BURSTABLE,
+    pb.BEST_EFFORT: PriorityClass.BEST_EFFORT,
+}
+
+
+def identifier(value: str, field: str, *, required: bool = True) -> str:
+    if not value:
+        if required:
+            raise ValidationError(field, "is required")
+        return ""
+    if len(value) > MAX_TEXT:
+        raise ValidationError(field, f"is longer than {MAX_TEXT} characters")
+    if not _ID_RE.match(value):
+        raise ValidationError(field, "may hold only letters, digits and ._:/@+=-")
+    return value
+
+
+def text(value: str, field: str) -> str:
+    if len(value) > MAX_TEXT:
+        raise ValidationError(field, f"is longer than {MAX_TEXT} characters")
+    if any(ord(ch) < 32 for ch in value):
+        raise ValidationError(field, "holds control characters")
+    return value
+
+
+def fraction(value: float, field: str, low: float, high: float, *, low_open: bool) -> float:
+    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise ValidationError(field, f"must be in {bracket}{low:g}, {high:g}] (got {value!r})")
+    return value
+
+
+def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
+    if message.priority not in PRIORITIES:
+        raise ValidationError(f"{field}.priority", "must be GUARANTEED, BURSTABLE or BEST_EFFORT")
+    floor = message.retention_floor
+    if floor:
+        fraction(floor, f"{field}.retention_floor", 0.0, 1.0, low_open=False)
+    return AdmissionRequest(
+        request_id=identifier(message.request_id, f"{field}.request_id"),
+        tenant=identifier(message.tenant, f"{field}.tenant"),
+        trust_domain=identifier(message.trust_domain, f"{field}.trust_domain"),
+        priority=PRIORITIES[message.priority],
+        memory_bytes=memory(message, field),
+        thread_pct=fraction(message.thread_pct, f"{field}.thread_pct", 0.0, 100.0, low_open=True),
+        profile=identifier(message.profile, f"{field}.profile", required=False) or None,
+        retention_floor=floor or None,
+        gpu_model=text(message.gpu_model, f"{field}.gpu_model") or None,
+    )
+
+
+def memory(message: pb.Request, field: str) -> int:
+    has_sizing = message.HasField("sizing")
+    if message.memory_bytes and has_sizing:
+        raise ValidationError(f"{field}.memory_bytes", "give memory_bytes or sizing, not both")
+    if has_sizing:
+        value = sized(sizing(message.sizing, f"{field}.sizing"), f"{field}.sizing")
+    elif message.memory_bytes:
+        value = message.memory_bytes
+    else:
+        raise ValidationError(f"{field}.memory_bytes", "is required (or sizing)")
+    if value > MAX_MEMORY_BYTES:
+        raise ValidationError(f"{field}.memory_bytes", "is larger than any device")
+    return value
+
+
+def sizing(message: pb.Sizing, field: str) -> SizingSpec:
+    try:
+        mode = Mode(message.mode)
+    except ValueError:
+        raise ValidationError(f"{field}.mode", "must be training or inference") from None
+    return SizingSpec(
+        parameters=message.parameters,
+        mode=mode,
+        dtype=message.dtype or "bf16",
+        layers=message.layers,
+        kv_heads=message.kv_heads,
+        head_dim=message.head_dim,
+        context_length=message.context_length,
+        concurrent_sequences=message.concurrent_sequences or 1,
+    )
+
+
+def sized(spec: SizingSpec, field: str) -> int:
+    try:
+        return size(spec).total_bytes
+    except ValidationError as exc:
+        raise ValidationError(f"{field}.{exc.field}", str(exc).split(": ", 1)[-1]) from exc
+
+
+def ttl(value: float, field: str = "ttl_s") -> float | None:
+    if value == 0:
+        return None
+    return fraction(value, field, 0.0, 3600.0, low_open=True)

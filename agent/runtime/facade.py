@@ -1,0 +1,56 @@
+"""The node as the API sees it: the App's views plus the NodeService's operations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from agent.core.errors import GpushareError
+from agent.core.lease import Lease
+from agent.core.types import AdmissionRequest, AdmitResult, NodeSnapshot
+from agent.runtime.node import NodeService
+
+
+class NodeFacade:
+    """Implements ``agent.api.ports.NodeApi``; the service exists once the node started."""
+
+    def __init__(
+        self, snapshot: Callable[[], NodeSnapshot], service: Callable[[], NodeService | None]
+    ) -> None:
+        self.snapshot = snapshot
+        self._service = service
+
+    @property
+    def _node(self) -> NodeService:
+        service = self._service()
+        if service is None:
+            raise GpushareError("the agent is still starting")
+        return service
+
+    async def admit(
+        self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
+    ) -> AdmitResult:
+        return await self._node.admit(request, gang_id=gang_id, ttl_s=ttl_s)
+
+    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> list[AdmitResult]:
+        return await self._node.admit_batch(requests)
+
+    async def explain(self, request: AdmissionRequest) -> AdmitResult:
+        return await self._node.explain(request)
+
+    async def commit(self, gang_id: str) -> list[Lease]:
+        return await self._node.commit(gang_id)
+
+    async def abort(self, gang_id: str) -> list[Lease]:
+        return await self._node.abort(gang_id)
+
+    async def release(self, lease_id: str) -> Lease:
+        return await self._node.release(lease_id)
+
+    async def drain(self, device_uuid: str | None, reason: str) -> list[str]:
+        return await self._node.drain(device_uuid or None, reason)
+
+    async def undrain(self, device_uuid: str | None) -> list[str]:
+        return await self._node.undrain(device_uuid or None)
+
+    async def clear_stale(self, *, dry_run: bool) -> list[str]:
+        return await self._node.clear_stale(dry_run=dry_run)

@@ -1,0 +1,359 @@
+"""The node's lease ledger and the operations the scheduler calls.
+
+Decisions are made one at a time under a lock, on the in-memory ledger, so each sees the
+ones before it; the lease (and its events) is then written durably *outside* the lock, so
+concurrent admissions share one sync (group commit). The answer goes back only after the
+write. A failed write takes the lease back out and answers ``STORE_UNAVAILABLE``: the node
+fails closed and never hands out a lease it could lose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+
+from agent.admission.capacity import StandardSize, Stranded, stranded
+from agent.admission.policy import DeviceView, Rules, decide
+from agent.core.errors import ConflictError, NotFoundError, StateError
+from agent.core.lease import Lease, LeaseState, transition
+from agent.core.types import (
+    AdmissionRequest,
+    AdmitResult,
+    Decision,
+    Device,
+    Event,
+    MpsDaemonState,
+    ReasonCode,
+    SharingMode,
+)
+from agent.mps.limits import LEASE_MARKER_VAR, DaemonPaths, client_environment
+from agent.runtime.events import EventLog
+from agent.state.port import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class NodeService:
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        store: StateStore,
+        events: EventLog,
+        rules: Rules,
+        sizes: Sequence[StandardSize],
+        mps_root: str,
+        mps_states: Callable[[], list[MpsDaemonState]],
+        clock: Callable[[], float],
+        reservation_ttl_s: float,
+        ready_deadline_s: float = 600.0,
+    ) -> None:
+        self.devices = {d.uuid: d for d in devices}
+        self._store = store
+        self._events = events
+        self.rules = rules
+        self._sizes = list(sizes)
+        self._mps_root = mps_root
+        self._mps_states = mps_states
+        self._clock = clock
+        self._ttl_s = reservation_ttl_s
+        self._ready_deadline_s = ready_deadline_s
+        self._lock = asyncio.Lock()
+        self.leases: dict[str, Lease] = {}
+        self._by_request: dict[str, str] = {}
+        self.drained: dict[str, str] = {}
+
+    async def load(self) -> None:
+        """Rebuild the ledger from the store; expire reservations whose TTL passed."""
+        for lease in await self._store.live_leases():
+            self._remember(lease)
+        self.drained = {u: r for u, r in (await self._store.drained()).items() if u in self.devices}
+        expired = await self.expire_reservations()
+        log.info(
+            "ledger: %d live lease(s) restored, %d reservation(s) expired",
+            len(self.leases),
+            len(expired),
+        )
+
+    def _remember(self, lease: Lease) -> None:
+        if lease.state.holds_capacity:
+            self.leases[lease.lease_id] = lease
+        else:
+            self.leases.pop(lease.lease_id, None)
+        self._by_request[lease.request_id] = lease.lease_id
+
+    # -- views -----------------------------------------------------------------------------
+
+    def views(self) -> list[DeviceView]:
+        by_device: dict[str, list[Lease]] = {uuid: [] for uuid in self.devices}
+        for lease in self.leases.values():
+            by_device.setdefault(lease.device_uuid, []).append(lease)
+        mps = {m.device_uuid: m for m in self._mps_states()}
+        views = []
+        for uuid, device in self.devices.items():
+            closed, detail = self._closed(device, mps.get(uuid))
+            views.append(DeviceView(device, tuple(by_device[uuid]), closed, detail))
+        return views
+
+    def _closed(
+        self, device: Device, daemon: MpsDaemonState | None
+    ) -> tuple[ReasonCode | None, str]:
+        if not self._store.writable():
+            return ReasonCode.STORE_UNAVAILABLE, "the state store cannot write: failing closed"
+        if device.uuid in self.drained:
+            return ReasonCode.DRAINING, f"drained: {self.drained[device.uuid]}"
+        if device.sharing_mode is SharingMode.MPS and (daemon is None or not daemon.up):
+            why = daemon.detail if daemon is not None else "no daemon"
+            return ReasonCode.DEVICE_UNAVAILABLE, f"MPS control daemon is down ({why})"
+        return None, ""
+
+    def stranded(self) -> Stranded:
+        return stranded(self.views(), self.rules, self._sizes)
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def explain(self, request: AdmissionRequest) -> AdmitResult:
+        return AdmitResult(decide(request, self.views(), self.rules, now=self._clock()))
+
+    async def admit(
+        self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
+    ) -> AdmitResult:
+        known = await self._known(request.request_id)
+        if known is not None:
+            return known
+        async with self._lock:
+            known = await self._known(request.request_id)
+            if known is not None:
+                return known
+            now = self._clock()
+            decision = decide(request, self.views(), self.rules, now=now)
+            if not decision.admitted:
+                return AdmitResult(decision)
+            lease = self._new_lease(request, decision, now, gang_id, ttl_s)
+            changes = [lease, *self._preempt(decision, now)]
+            before = {c.lease_id: self.leases.get(c.lease_id) for c in changes}
+            for change in changes:
+                self._remember(change)
+        events = [self._lease_event(c, decision) for c in changes]
+        try:
+            await self._store.commit(changes, events)
+        except StateError as exc:
+            self._undo(changes, before)
+            log.error("admission of %s not recorded: %s", request.request_id, exc)
+            return AdmitResult(
+                Decision(False, reason=ReasonCode.STORE_UNAVAILABLE, message=f"not admitted: {exc}")
+            )
+        return self._result(decision, lease)
+
+    async def _known(self, request_id: str) -> AdmitResult | None:
+        """Idempotency: a request id seen before gets the same lease back."""
+        lease_id = self._by_request.get(request_id)
+        lease = self.leases.get(lease_id) if lease_id else None
+        if lease is None and lease_id is not None:
+            lease = await self._store.lease_by_request(request_id)
+        if lease is None:
+            return None
+        decision = Decision(True, lease.device_uuid, message="already admitted (same request id)")
+        return self._result(decision, lease)
+
+    def _new_lease(
+        self,
+        request: AdmissionRequest,
+        decision: Decision,
+        now: float,
+        gang_id: str | None,
+        ttl_s: float | None,
+    ) -> Lease:
+        assert decision.device_uuid is not None
+        reserved = gang_id is not None
+        return Lease(
+            lease_id="l-" + secrets.token_urlsafe(12),
+            request_id=request.request_id,
+            tenant=request.tenant,
+            trust_domain=request.trust_domain,
+            device_uuid=decision.device_uuid,
+            priority=request.priority,
+            memory_bytes=request.memory_bytes,
+            thread_pct=request.thread_pct,
+            state=LeaseState.RESERVED if reserved else LeaseState.ADMITTED,
+            created_at=now,
+            updated_at=now,
+            profile=request.profile,
+            retention_floor=request.retention_floor,
+            ready_deadline_at=now + self._ready_deadline_s,
+            expires_at=now + (ttl_s or self._ttl_s) if reserved else None,
+            gang_id=gang_id,
+        )
+
+    def _preempt(self, decision: Decision, now: float) -> list[Lease]:
+        return [
+            transition(
+                self.leases[i],
+                LeaseState.EVICTED,
+                at=now,
+                reason="preempted by a guaranteed request",
+            )
+            for i in decision.preempted_lease_ids
+        ]
+
+    def _undo(self, changes: list[Lease], before: dict[str, Lease | None]) -> None:
+        for change in changes:
+            previous = before[change.lease_id]
+            if previous is None:
+                self.leases.pop(change.lease_id, None)
+                self._by_request.pop(change.request_id, None)
+            else:
+                self._remember(previous)
+
+    def _lease_event(self, lease: Lease, decision: Decision | None = None) -> Event:
+        message = f"lease {lease.lease_id} {lease.state.value} on {lease.device_uuid}"
+        if lease.reason:
+            message += f": {lease.reason}"
+        elif decision is not None and decision.message:
+            message += f" ({decision.message})"
+        return self._events.make(
+            f"lease.{lease.state.value}",
+            message,
+            device_uuid=lease.device_uuid,
+            lease_id=lease.lease_id,
+            attrs={
+                "tenant": lease.tenant,
+                "request_id": lease.request_id,
+                "memory_bytes": str(lease.memory_bytes),
+                "thread_pct": f"{lease.thread_pct:g}",
+            },
+        )
+
+    def _result(self, decision: Decision, lease: Lease) -> AdmitResult:
+        device = self.devices[lease.device_uuid]
+        if device.sharing_mode is SharingMode.EXCLUSIVE:
+            env = {"CUDA_VISIBLE_DEVICES": device.uuid, LEASE_MARKER_VAR: lease.lease_id}
+            return AdmitResult(decision, lease, env)
+        paths = DaemonPaths(self._mps_root, device.uuid)
+        env = client_environment(
+            device,
+            paths,
+            thread_pct=lease.thread_pct,
+            memory_bytes=lease.memory_bytes,
+            lease_id=lease.lease_id,
+        )
+        return AdmitResult(decision, lease, env, ((paths.pipe_dir, paths.pipe_dir),))
+
+    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> list[AdmitResult]:
+        """Place in the given order; every lease is durable before the batch answers."""
+        results = []
+        for request in requests:
+            task = asyncio.ensure_future(self.admit(request))
+            await asyncio.sleep(0)  # let the decision happen in order, the writes together
+            results.append(task)
+        return list(await asyncio.gather(*results))
+
+    # -- transitions -----------------------------------------------------------------------
+
+    async def _move(self, leases: list[Lease], target: LeaseState, reason: str) -> list[Lease]:
+        now = self._clock()
+        async with self._lock:
+            moved = [transition(lease, target, at=now, reason=reason) for lease in leases]
+            for lease in moved:
+                self._remember(lease)
+        await self._store.commit(moved, [self._lease_event(lease) for lease in moved])
+        return moved
+
+    async def release(self, lease_id: str) -> Lease:
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            raise NotFoundError(f"no live lease {lease_id!r}")
+        (released,) = await self._move([lease], LeaseState.RELEASED, "released by the caller")
+        return released
+
+    def _gang(self, gang_id: str) -> list[Lease]:
+        gang = [
+            lease
+            for lease in self.leases.values()
+            if lease.gang_id == gang_id and lease.state is LeaseState.RESERVED
+        ]
+        if not gang:
+            raise NotFoundError(f"no reservation held for gang {gang_id!r}")
+        return gang
+
+    async def commit(self, gang_id: str) -> list[Lease]:
+        gang = self._gang(gang_id)
+        now = self._clock()
+        if any(lease.expires_at is not None and lease.expires_at <= now for lease in gang):
+            await self._move(gang, LeaseState.EXPIRED, "reservation TTL passed before commit")
+            raise ConflictError(f"gang {gang_id!r} expired before it was committed")
+        return await self._move(gang, LeaseState.ADMITTED, f"gang {gang_id} committed")
+
+    async def abort(self, gang_id: str) -> list[Lease]:
+        return await self._move(self._gang(gang_id), LeaseState.RELEASED, f"gang {gang_id} aborted")
+
+    async def expire_reservations(self) -> list[Lease]:
+        now = self._clock()
+        due = [
+            lease
+            for lease in self.leases.values()
+            if lease.state is LeaseState.RESERVED
+            and lease.expires_at is not None
+            and lease.expires_at <= now
+        ]
+        if not due:
+            return []
+        return await self._move(due, LeaseState.EXPIRED, "reservation TTL passed")
+
+    async def clear_stale(self, *, dry_run: bool) -> list[str]:
+        """What is stale and, unless ``dry_run``, clear it: today, reservations past TTL."""
+        now = self._clock()
+        due = [
+            lease
+            for lease in self.leases.values()
+            if lease.state is LeaseState.RESERVED
+            and lease.expires_at is not None
+            and lease.expires_at <= now
+        ]
+        actions = [f"expire reservation {lease.lease_id} of gang {lease.gang_id}" for lease in due]
+        if not dry_run and due:
+            await self._move(due, LeaseState.EXPIRED, "reservation TTL passed (clear-stale)")
+        return actions
+
+    async def reservation_reaper(self, *, interval_s: float = 1.0) -> None:
+        """Expire reservations as their TTL passes (a supervised task)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.expire_reservations()
+            except StateError as exc:
+                log.warning("cannot expire reservations now: %s", exc)
+
+    # -- operators -------------------------------------------------------------------------
+
+    async def drain(self, device_uuid: str | None, reason: str) -> list[str]:
+        targets = self._targets(device_uuid)
+        for uuid in targets:
+            await self._store.set_drained(uuid, reason or "drained", at=self._clock())
+            self.drained[uuid] = reason or "drained"
+            self._events(
+                "device.drained", f"closed to new leases: {reason or 'drained'}", device_uuid=uuid
+            )
+        return targets
+
+    async def undrain(self, device_uuid: str | None) -> list[str]:
+        targets = [u for u in self._targets(device_uuid) if u in self.drained]
+        for uuid in targets:
+            await self._store.set_drained(uuid, None, at=self._clock())
+            self.drained.pop(uuid, None)
+            self._events("device.undrained", "open to new leases again", device_uuid=uuid)
+        return targets
+
+    def _targets(self, device_uuid: str | None) -> list[str]:
+        if not device_uuid:
+            return list(self.devices)
+        if device_uuid not in self.devices:
+            raise NotFoundError(f"no device {device_uuid!r} on this node")
+        return [device_uuid]
+
+    def committed(self, device_uuid: str) -> tuple[int, float, int]:
+        """(memory bytes, thread %, lease count) held on a device."""
+        held = [lease for lease in self.leases.values() if lease.device_uuid == device_uuid]
+        return (sum(x.memory_bytes for x in held), sum(x.thread_pct for x in held), len(held))

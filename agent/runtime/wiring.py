@@ -1,0 +1,154 @@
+"""Construction of the adapters: the composition root's wiring diagram (with ``app.py``).
+
+Nothing else in the agent constructs an adapter. Constructors here do no I/O; the App
+starts and stops what is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.admission.capacity import StandardSize
+from agent.admission.policy import Placement, Rules
+from agent.config import Settings
+from agent.core.errors import ConfigError, GpushareError
+from agent.core.types import Device
+from agent.core.units import parse_bytes
+from agent.gpu.exporter import ExporterTelemetry
+from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
+from agent.gpu.port import GpuBackend, TelemetrySource
+from agent.mps.control import SubprocessMpsControl
+from agent.mps.manager import SupervisedMpsManager
+from agent.mps.port import ControlChannel, MpsManager
+from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
+from agent.runtime import checks
+from agent.runtime.events import EventLog
+from agent.sim.contention import device_counters
+from agent.state.port import StateStore
+from agent.state.sqlite import SqliteStateStore
+
+
+@dataclass
+class Ports:
+    """The hardware-facing collaborators; tests and the simulated node pass fakes."""
+
+    gpu: GpuBackend
+    mps: MpsManager
+    telemetry: list[TelemetrySource]  # candidates, in order of preference
+    simulated: bool
+    store: StateStore | None = None  # None: the SQLite store at settings.state_db_path
+
+
+def build_ports(settings: Settings, events: EventLog) -> Ports:
+    if settings.sim.enabled:
+        spec = checks.load_sim_spec(settings.sim.node_file)
+        gpu: GpuBackend = FakeGpuBackend(spec.devices)
+    else:
+        from agent.gpu.nvml import NvmlGpuBackend
+
+        gpu = NvmlGpuBackend()
+    return Ports(
+        gpu=gpu,
+        mps=build_mps_manager(settings, gpu, events),
+        telemetry=build_telemetry(settings),
+        simulated=settings.sim.enabled,
+        store=SqliteStateStore(settings.state_db_path),
+    )
+
+
+def build_telemetry(settings: Settings) -> list[TelemetrySource]:
+    """The counter sources to try, best first (see telemetry.source)."""
+    t = settings.telemetry
+    choice = t.source
+    if choice == "auto":
+        choice = "sim" if settings.sim.enabled else "dcgm,exporter,nvml"
+    sources: list[TelemetrySource] = []
+    for name in choice.split(","):
+        if name == "sim":
+            sources.append(FakeTelemetrySource(sim_counters))
+        elif name == "dcgm":
+            from agent.gpu.dcgm import DcgmTelemetry
+
+            sources.append(DcgmTelemetry(hostname=t.dcgm_host, interval_s=t.sample_interval_s))
+        elif name == "exporter":
+            sources.append(ExporterTelemetry(t.exporter_url, timeout_s=t.exporter_timeout_s))
+        elif name == "nvml":
+            from agent.gpu.nvml_counters import NvmlTelemetry
+
+            sources.append(NvmlTelemetry())
+    return sources
+
+
+def sim_counters(_device: Device, _now: float) -> dict[str, float]:
+    """Counters of a simulated device from the contention model of what runs on it.
+    Nothing is placed on simulated devices yet, so they read as idle."""
+    return device_counters([])
+
+
+def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:
+    m = settings.mps
+    options = SupervisorOptions(
+        binary=checks.resolve_control_binary(settings),
+        root_dir=settings.mps_root_dir,
+        probe_interval_s=m.probe_interval_s,
+        hung_after_probes=m.hung_after_probes,
+        start_timeout_s=m.start_timeout_s,
+        backoff_initial_s=m.restart_backoff_initial_s,
+        backoff_max_s=m.restart_backoff_max_s,
+        quit_timeout_s=m.quit_timeout_s,
+        client_gid=m.client_gid,
+        multi_user=m.multi_user,
+    )
+    defaults = DaemonDefaults(m.default_thread_pct, checks.memory_limit_bytes(settings))
+
+    def channel(_device: Device, env: Mapping[str, str]) -> ControlChannel:
+        return SubprocessMpsControl(options.binary, env, timeout_s=m.command_timeout_s)
+
+    async def set_exclusive(device: Device, exclusive: bool) -> None:
+        await gpu.set_compute_mode(device, exclusive=exclusive)
+
+    return SupervisedMpsManager(
+        options,
+        lambda _device: defaults,
+        channel_factory=channel,
+        emit=events,
+        set_exclusive=set_exclusive,
+    )
+
+
+def admission_rules(settings: Settings) -> Rules:
+    a = settings.admission
+    return Rules(
+        reserve_bytes=_bytes("admission.memory_reserve", a.memory_reserve),
+        context_overhead_bytes=_bytes("admission.context_overhead", a.context_overhead),
+        thread_budget_pct=a.thread_budget_pct,
+        guaranteed_budget_pct=a.guaranteed_budget_pct,
+        max_clients=a.max_clients,
+        placement=Placement(a.placement),
+    )
+
+
+def standard_sizes(settings: Settings) -> list[StandardSize]:
+    key = "admission.standard_sizes"
+    sizes = []
+    for item in settings.admission.standard_sizes.split(","):
+        memory, sep, threads = item.strip().partition("/")
+        try:
+            sizes.append(StandardSize(_bytes(key, memory), float(threads)))
+        except ValueError:
+            raise ConfigError(
+                key, f"each size is MEMORY/THREADS, e.g. 10GiB/12.5 ({item!r})"
+            ) from None
+        if not sep:
+            raise ConfigError(
+                key, f"each size is MEMORY/THREADS, e.g. 10GiB/12.5 ({item!r})"
+            ) from None
+    return sizes
+
+
+def _bytes(key: str, text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except GpushareError as exc:
+        raise ConfigError(key, str(exc)) from exc

@@ -1,0 +1,76 @@
+"""Schema migrations, applied in order at start-up; the version lives in the database."""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: leases (with reservations as leases in state 'reserved'), events, lease history
+    """
+    CREATE TABLE leases (
+        lease_id TEXT PRIMARY KEY,
+        request_id TEXT NOT NULL UNIQUE,
+        gang_id TEXT,
+        tenant TEXT NOT NULL,
+        trust_domain TEXT NOT NULL,
+        device_uuid TEXT NOT NULL,
+        priority TEXT NOT NULL,
+        memory_bytes INTEGER NOT NULL,
+        thread_pct REAL NOT NULL,
+        state TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        profile TEXT,
+        retention_floor REAL,
+        ready_deadline_at REAL,
+        expires_at REAL,
+        client_pids TEXT NOT NULL DEFAULT '[]',
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX leases_by_state ON leases (state);
+    CREATE INDEX leases_by_gang ON leases (gang_id);
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL,
+        device_uuid TEXT,
+        lease_id TEXT,
+        attrs TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE lease_history (
+        lease_id TEXT PRIMARY KEY,
+        ended_at REAL NOT NULL,
+        final_state TEXT NOT NULL,
+        attributes TEXT NOT NULL,
+        became_ready INTEGER NOT NULL,
+        ready_after_s REAL
+    );
+    """,
+    # 2: devices closed to new leases by an operator
+    """
+    CREATE TABLE drained (
+        device_uuid TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
+)
+
+
+def schema_version(db: sqlite3.Connection) -> int:
+    db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Apply what is missing; returns the version the database is at."""
+    current = schema_version(db)
+    if current > len(MIGRATIONS):
+        raise sqlite3.DatabaseError(
+            f"the database is at schema {current}, newer than this agent ({len(MIGRATIONS)})"
+        )
+    for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+        db.executescript(f"BEGIN; {script}; INSERT INTO schema_version VALUES ({version}); COMMIT;")
+    return len(MIGRATIONS)
