@@ -48,6 +48,8 @@ def start_agent(root: Path, name: str, interval_s: float) -> subprocess.Popen[by
         "--set",
         f"paths.runtime_dir={run}",
         "--set",
+        f"paths.state_dir={run}/state",
+        "--set",
         f"telemetry.sample_interval_s={interval_s}",
         "--set",
         f"telemetry.stale_after_s={max(5.0, 2 * interval_s)}",

@@ -81,6 +81,7 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
         ledger=[ledger_to_pb(entry) for entry in snapshot.ledger],
         stranded_memory_bytes=snapshot.stranded_memory_bytes,
         stranded_thread_pct=snapshot.stranded_thread_pct,
+        last_event_seq=snapshot.last_event_seq,
     )
 
 

@@ -230,11 +230,22 @@ def main() -> None:
 
 
 def _register_subgroups() -> None:
+    from agent.cli import leases
     from agent.cli.mps import mps
     from agent.cli.telemetry import telemetry
 
-    cli.add_command(mps)
-    cli.add_command(telemetry)
+    for command in (
+        mps,
+        telemetry,
+        leases.leases,
+        leases.explain,
+        leases.size_command,
+        leases.drain,
+        leases.undrain,
+        leases.events,
+        leases.clear_stale,
+    ):
+        cli.add_command(command)
 
 
 _register_subgroups()

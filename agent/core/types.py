@@ -246,3 +246,4 @@ class NodeSnapshot:
     ledger: tuple[DeviceLedger, ...] = ()
     stranded_memory_bytes: int = 0
     stranded_thread_pct: float = 0.0
+    last_event_seq: int = 0

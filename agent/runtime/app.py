@@ -164,11 +164,11 @@ class App:
 
     async def _start(self) -> None:
         log.info("effective configuration: %s", settings_as_dict(self.settings))
+        await self.ports.gpu.start()
+        self.devices = await self.ports.gpu.list_devices()
         await self.store.start()
         await self.events.resume(self.store)
         self.supervisor.spawn("event-persister", self.events.persister(self.store))
-        await self.ports.gpu.start()
-        self.devices = await self.ports.gpu.list_devices()
         log.info(
             "node %s: %d device(s) on the %s backend%s; MPS control: %s",
             self.settings.runtime.node_name,
@@ -304,6 +304,7 @@ class App:
             ledger=ledger,
             stranded_memory_bytes=stranded_bytes,
             stranded_thread_pct=stranded_pct,
+            last_event_seq=self.events.last_seq,
         )
 
     def _stale(self) -> list[str]:

@@ -35,6 +35,8 @@ def serve(root: Path, *extra: str) -> subprocess.Popen[str]:
             "127.0.0.1:0",
             "--set",
             f"paths.runtime_dir={root}",
+            "--set",
+            f"paths.state_dir={root}/state",
             *extra,
         ),
         env=subprocess_env(),

@@ -398,7 +398,7 @@ class Window(_message.Message):
     def __init__(self, device_uuid: _Optional[str] = ..., start_at: _Optional[float] = ..., window_s: _Optional[float] = ..., sample_count: _Optional[int] = ..., mean: _Optional[_Mapping[str, float]] = ..., max: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetNodeResponse(_message.Message):
-    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct")
+    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct", "last_event_seq")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +413,7 @@ class GetNodeResponse(_message.Message):
     LEDGER_FIELD_NUMBER: _ClassVar[int]
     STRANDED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     STRANDED_THREAD_PCT_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     simulated: bool
     agent_version: str
@@ -427,4 +428,5 @@ class GetNodeResponse(_message.Message):
     ledger: _containers.RepeatedCompositeFieldContainer[DeviceLedger]
     stranded_memory_bytes: int
     stranded_thread_pct: float
-    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ...) -> None: ...
+    last_event_seq: int
+    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ..., last_event_seq: _Optional[int] = ...) -> None: ...

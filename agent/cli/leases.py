@@ -1,0 +1,269 @@
+"""On-call commands about leases: list, explain, size, drain and undrain, events, clear-stale."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from agent.admission.sizing import DTYPE_BYTES, Mode, SizingSpec, size
+from agent.api.proto import agent_pb2 as pb
+from agent.cli import exits
+from agent.cli.client import AgentRefused, AgentUnreachable, call, get_node, watch_events
+from agent.cli.common import resolve_settings
+from agent.cli.render import message_dict, table, to_json
+from agent.core.errors import UnitError, ValidationError
+from agent.core.units import format_bytes, parse_bytes
+
+PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
+
+
+def _socket(ctx: click.Context) -> str:
+    return resolve_settings(ctx.find_root()).unix_socket_path
+
+
+def _guard(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except AgentUnreachable as exc:
+        click.echo(f"gpushare: {exc}", err=True)
+        sys.exit(exits.UNREACHABLE)
+    except AgentRefused as exc:
+        click.echo(f"gpushare: the agent refused: {exc}", err=True)
+        sys.exit(exits.FAILURE)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("--all-devices", is_flag=True, help="Also list each device's committed totals.")
+@click.pass_context
+def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
+    """Live leases (reserved, admitted, ready) with their limits and state."""
+    node = _guard(lambda: get_node(_socket(ctx)))
+    if as_json:
+        click.echo(
+            to_json(
+                {
+                    "leases": [message_dict(x) for x in node.leases],
+                    "ledger": [message_dict(x) for x in node.ledger],
+                }
+            )
+        )
+        return
+    rows = [
+        [
+            x.lease_id,
+            x.state,
+            x.device_index,
+            x.tenant,
+            x.trust_domain,
+            x.priority,
+            format_bytes(x.memory_bytes),
+            f"{x.thread_pct:g}%",
+            x.gang_id or "-",
+        ]
+        for x in node.leases
+    ]
+    click.echo(
+        table(
+            ["LEASE", "STATE", "DEV", "TENANT", "TRUST", "PRIORITY", "MEMORY", "THREADS", "GANG"],
+            rows,
+        )
+        if rows
+        else "no live leases"
+    )
+    if all_devices:
+        click.echo()
+        click.echo(
+            table(
+                ["DEVICE", "LEASES", "MEMORY COMMITTED", "THREADS", "CLOSED"],
+                [
+                    [
+                        d.device_uuid,
+                        d.leases,
+                        format_bytes(d.memory_committed_bytes),
+                        f"{d.threads_committed_pct:g}%",
+                        d.closed_detail or "-",
+                    ]
+                    for d in node.ledger
+                ],
+            )
+        )
+        click.echo(
+            f"stranded: {format_bytes(node.stranded_memory_bytes)}, "
+            f"{node.stranded_thread_pct:g}% threads"
+        )
+
+
+@click.command()
+@click.option("--memory", required=True, metavar="SIZE", help="Memory limit, e.g. 20GiB.")
+@click.option(
+    "--threads",
+    "thread_pct",
+    type=float,
+    default=25.0,
+    show_default=True,
+    help="Active thread percentage (0, 100].",
+)
+@click.option(
+    "--priority", type=click.Choice(list(PRIORITY)), default="burstable", show_default=True
+)
+@click.option("--tenant", default="cli", show_default=True)
+@click.option("--trust-domain", default="cli", show_default=True)
+@click.option("--gpu-model", default="", help="Require a device model, e.g. H100.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_context
+def explain(
+    ctx: click.Context,
+    memory: str,
+    thread_pct: float,
+    priority: str,
+    tenant: str,
+    trust_domain: str,
+    gpu_model: str,
+    as_json: bool,
+) -> None:
+    """Dry-run an admission: would it fit, where, and why each device did or did not."""
+    try:
+        memory_bytes = parse_bytes(memory)
+    except UnitError as exc:
+        click.echo(f"gpushare: --memory: {exc}", err=True)
+        sys.exit(exits.CONFIG)
+    request = pb.AdmitRequest(
+        request=pb.Request(
+            request_id=f"explain-{time.time_ns()}",
+            tenant=tenant,
+            trust_domain=trust_domain,
+            priority=PRIORITY[priority],
+            memory_bytes=memory_bytes,
+            thread_pct=thread_pct,
+            gpu_model=gpu_model,
+        )
+    )
+    answer = _guard(lambda: call(_socket(ctx), "Explain", request))
+    if as_json:
+        click.echo(to_json(message_dict(answer)))
+        return
+    d = answer.decision
+    verdict = f"ADMIT on {d.device_uuid}" if d.admitted else f"REFUSE {d.reason}"
+    click.echo(f"{verdict}: {d.message}")
+    click.echo(
+        table(
+            ["DEVICE", "FITS", "REASON", "DETAIL"],
+            [
+                [a.device_uuid, "yes" if a.fits else "no", a.reason or "-", a.detail]
+                for a in d.attempts
+            ],
+        )
+    )
+
+
+@click.command("size")
+@click.option("--parameters", required=True, type=float, help="Model parameters, e.g. 7e9.")
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), required=True)
+@click.option("--dtype", type=click.Choice(list(DTYPE_BYTES)), default="bf16", show_default=True)
+@click.option("--layers", type=int, default=0)
+@click.option("--kv-heads", type=int, default=0)
+@click.option("--head-dim", type=int, default=0)
+@click.option("--context-length", type=int, default=0)
+@click.option(
+    "--sequences", type=int, default=1, show_default=True, help="Concurrent sequences (inference)."
+)
+def size_command(
+    parameters: float,
+    mode: str,
+    dtype: str,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    context_length: int,
+    sequences: int,
+) -> None:
+    """Memory a model needs: 16 B/parameter to train (mixed-precision Adam); weights plus
+    KV cache (2 x layers x kv_heads x head_dim x dtype bytes per token) to serve."""
+    spec = SizingSpec(
+        int(parameters), Mode(mode), dtype, layers, kv_heads, head_dim, context_length, sequences
+    )
+    try:
+        result = size(spec)
+    except ValidationError as exc:
+        click.echo(f"gpushare: --{exc.field.replace('_', '-')}: {exc}", err=True)
+        sys.exit(exits.CONFIG)
+    click.echo(
+        table(
+            ["PART", "BYTES", ""],
+            [
+                ["weights", result.weights_bytes, format_bytes(result.weights_bytes)],
+                ["kv cache", result.kv_cache_bytes, format_bytes(result.kv_cache_bytes)],
+                ["optimizer + grads", result.optimizer_bytes, format_bytes(result.optimizer_bytes)],
+                ["total", result.total_bytes, format_bytes(result.total_bytes)],
+            ],
+        )
+    )
+
+
+def _drain_command(name: str, method: str, doc: str) -> click.Command:
+    @click.command(name, help=doc)
+    @click.argument("device", required=False, default="")
+    @click.option("--reason", default="", help="Why (shown in events and explanations).")
+    @click.pass_context
+    def command(ctx: click.Context, device: str, reason: str) -> None:
+        request = pb.DrainRequest(device_uuid=device, reason=reason or f"{name} by an operator")
+        answer = _guard(lambda: call(_socket(ctx), method, request))
+        click.echo(f"{name}ed: {', '.join(answer.devices) or 'nothing to do'}")
+
+    return command
+
+
+drain = _drain_command(
+    "drain", "Drain", "Close DEVICE (or every device) to new leases; live leases stay."
+)
+undrain = _drain_command("undrain", "Undrain", "Open DEVICE (or every device) to new leases.")
+
+
+@click.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
+@click.option("--since", "since_seq", type=int, default=0, help="Start after this sequence.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@click.pass_context
+def events(ctx: click.Context, follow: bool, since_seq: int, as_json: bool) -> None:
+    """The node's numbered events: leases, MPS daemons, devices, GPU faults."""
+    socket = _socket(ctx)
+    last = _guard(lambda: get_node(socket)).last_event_seq
+    if not follow and last <= since_seq:
+        return
+    try:
+        for event in watch_events(socket, since_seq):
+            if as_json:
+                click.echo(json.dumps(message_dict(event)))
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
+                click.echo(
+                    f"{event.seq:>6} {stamp} {event.kind:<24} "
+                    f"{event.device_uuid[:12] or '-':<12} {event.message}"
+                )
+            sys.stdout.flush()
+            if not follow and event.seq >= last:
+                return
+    except AgentUnreachable as exc:
+        click.echo(f"gpushare: {exc}", err=True)
+        sys.exit(exits.UNREACHABLE)
+    except KeyboardInterrupt:
+        return
+
+
+@click.command("clear-stale")
+@click.option("--dry-run", is_flag=True, help="List what would be done; change nothing.")
+@click.pass_context
+def clear_stale(ctx: click.Context, dry_run: bool) -> None:
+    """Clear stale state: expired reservations (and what the janitor finds)."""
+    answer = _guard(lambda: call(_socket(ctx), "ClearStale", pb.ClearStaleRequest(dry_run=dry_run)))
+    prefix = "would " if dry_run else ""
+    for action in answer.actions:
+        click.echo(f"{prefix}{action}")
+    if not answer.actions:
+        click.echo("nothing stale")

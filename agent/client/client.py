@@ -1,0 +1,134 @@
+"""The client behind :mod:`agent.client`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from agent.api.proto import agent_pb2 as pb
+from agent.api.proto import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Priority = pb.Priority
+RETRIED = (grpc.StatusCode.UNAVAILABLE,)
+
+
+class AgentClient:
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout_s: float = 10.0,
+        attempts: int = 5,
+        backoff_s: float = 0.1,
+    ) -> None:
+        self.target = target
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._credentials = credentials
+        self._timeout_s = timeout_s
+        self._attempts = attempts
+        self._backoff_s = backoff_s
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.AgentStub | None = None
+
+    async def __aenter__(self) -> AgentClient:
+        if self._credentials is not None:
+            self._channel = grpc.aio.secure_channel(self.target, self._credentials)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.target)
+        self._stub = pb_grpc.AgentStub(self._channel)
+        return self
+
+    async def __aexit__(
+        self, *_exc: type[BaseException] | BaseException | TracebackType | None
+    ) -> None:
+        if self._channel is not None:
+            await self._channel.close(None)
+
+    @property
+    def stub(self) -> pb_grpc.AgentStub:
+        if self._stub is None:
+            raise RuntimeError("use the client in 'async with'")
+        return self._stub
+
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
+        delay = self._backoff_s
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return await method(request, timeout=self._timeout_s, metadata=self._metadata)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRIED or attempt == self._attempts:
+                    raise
+                log.info(
+                    "agent %s unavailable (%s); retry %d in %.2f s",
+                    self.target,
+                    exc.details(),
+                    attempt,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def request(*, request_id: str | None = None, **fields: Any) -> pb.Request:
+        """A Request with a fresh request id unless one is given (keep it to retry)."""
+        return pb.Request(request_id=request_id or f"r-{uuid.uuid4().hex}", **fields)
+
+    async def admit(self, **fields: Any) -> pb.AdmitResponse:
+        request = pb.AdmitRequest(request=self.request(**fields))
+        return await self._call(self.stub.Admit, request)
+
+    async def explain(self, **fields: Any) -> pb.AdmitResponse:
+        return await self._call(self.stub.Explain, pb.AdmitRequest(request=self.request(**fields)))
+
+    async def admit_batch(self, requests: list[pb.Request]) -> pb.AdmitBatchResponse:
+        return await self._call(self.stub.AdmitBatch, pb.AdmitBatchRequest(requests=requests))
+
+    async def reserve(self, gang_id: str, *, ttl_s: float = 0.0, **fields: Any) -> pb.AdmitResponse:
+        request = pb.ReserveRequest(request=self.request(**fields), gang_id=gang_id, ttl_s=ttl_s)
+        return await self._call(self.stub.Reserve, request)
+
+    async def commit(self, gang_id: str) -> pb.GangResponse:
+        return await self._call(self.stub.Commit, pb.GangRequest(gang_id=gang_id))
+
+    async def abort(self, gang_id: str) -> pb.GangResponse:
+        return await self._call(self.stub.Abort, pb.GangRequest(gang_id=gang_id))
+
+    async def release(self, lease_id: str) -> pb.ReleaseResponse:
+        return await self._call(self.stub.Release, pb.ReleaseRequest(lease_id=lease_id))
+
+    async def get_node(self) -> pb.GetNodeResponse:
+        return await self._call(self.stub.GetNode, pb.GetNodeRequest())
+
+    async def ping(self) -> pb.PingResponse:
+        return await self._call(self.stub.Ping, pb.PingRequest())
+
+    async def watch_events(self, *, since_seq: int = 0) -> AsyncIterator[pb.Event]:
+        """Events after ``since_seq``, for ever; reconnects and resumes where it was."""
+        last = since_seq
+        delay = self._backoff_s
+        while True:
+            try:
+                stream = self.stub.WatchEvents(
+                    pb.WatchEventsRequest(since_seq=last), metadata=self._metadata
+                )
+                async for event in stream:
+                    last = event.seq
+                    delay = self._backoff_s
+                    yield event
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRIED:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
