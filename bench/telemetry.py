@@ -110,13 +110,13 @@ def in_process(reads: int) -> float:
     sys.path.insert(0, str(REPO))
     from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
     from agent.gpu.sampler import Sampler
-    from agent.runtime.app import sim_counters
+    from agent.runtime.wiring import SimCounters
 
     async def run() -> float:
         devices = await FakeGpuBackend.with_gpus(8).list_devices()
         clock = [0.0]
         sampler = Sampler(
-            FakeTelemetrySource(sim_counters, clock=lambda: clock[0]),
+            FakeTelemetrySource(SimCounters(), clock=lambda: clock[0]),
             devices,
             interval_s=1.0,
             window_s=10.0,

@@ -96,7 +96,7 @@ class FakeTelemetrySource:
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._counters = counters or (lambda _device, _now: IDLE_COUNTERS)
+        self.counters = counters or (lambda _device, _now: IDLE_COUNTERS)
         self._clock = clock
         self.fail_with: Exception | None = None
         self.reads = 0
@@ -112,4 +112,4 @@ class FakeTelemetrySource:
         if self.fail_with is not None:
             raise self.fail_with
         now = self._clock()
-        return [Sample(d.uuid, now, self._counters(d, now)) for d in devices]
+        return [Sample(d.uuid, now, self.counters(d, now)) for d in devices]

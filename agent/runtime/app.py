@@ -34,7 +34,13 @@ from agent.runtime.node import NodeService
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, reap_children
 from agent.runtime.tasks import Supervisor
-from agent.runtime.wiring import Ports, admission_rules, build_ports, standard_sizes
+from agent.runtime.wiring import (
+    Ports,
+    SimCounters,
+    admission_rules,
+    build_ports,
+    standard_sizes,
+)
 from agent.state.sqlite import SqliteStateStore
 
 log = logging.getLogger(__name__)
@@ -222,6 +228,12 @@ class App:
         )
         await self.node.load()
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
+        counters = getattr(self.telemetry, "counters", None)
+        if isinstance(counters, SimCounters):
+            node = self.node
+            counters.leases = lambda uuid: [
+                x for x in node.leases.values() if x.device_uuid == uuid
+            ]
 
     async def _select_telemetry(self, devices: list[Device]) -> TelemetrySource:
         """The first candidate that starts and reads; else the last one, to recover later."""

@@ -317,14 +317,21 @@ class NodeService:
             await self._move(due, LeaseState.EXPIRED, "reservation TTL passed (clear-stale)")
         return actions
 
-    async def reservation_reaper(self, *, interval_s: float = 1.0) -> None:
-        """Expire reservations as their TTL passes (a supervised task)."""
+    async def reservation_reaper(
+        self, *, interval_s: float = 1.0, heartbeat_every: int = 10
+    ) -> None:
+        """Expire reservations as their TTL passes, and check that the store can write: every
+        ``heartbeat_every`` rounds, and every round while it cannot (a supervised task)."""
+        rounds = 0
         while True:
             await asyncio.sleep(interval_s)
+            rounds += 1
             try:
+                if not self._store.writable() or rounds % heartbeat_every == 0:
+                    await self._store.heartbeat(at=self._clock())
                 await self.expire_reservations()
             except StateError as exc:
-                log.warning("cannot expire reservations now: %s", exc)
+                log.warning("the state store cannot write: %s", exc)
 
     # -- operators -------------------------------------------------------------------------
 

@@ -6,13 +6,14 @@ starts and stops what is built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agent.admission.capacity import StandardSize
 from agent.admission.policy import Placement, Rules
 from agent.config import Settings
 from agent.core.errors import ConfigError, GpushareError
+from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device
 from agent.core.units import parse_bytes
 from agent.gpu.exporter import ExporterTelemetry
@@ -24,7 +25,7 @@ from agent.mps.port import ControlChannel, MpsManager
 from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from agent.runtime import checks
 from agent.runtime.events import EventLog
-from agent.sim.contention import device_counters
+from agent.sim.contention import Load, device_counters
 from agent.state.port import StateStore
 from agent.state.sqlite import SqliteStateStore
 
@@ -66,7 +67,7 @@ def build_telemetry(settings: Settings) -> list[TelemetrySource]:
     sources: list[TelemetrySource] = []
     for name in choice.split(","):
         if name == "sim":
-            sources.append(FakeTelemetrySource(sim_counters))
+            sources.append(FakeTelemetrySource(SimCounters()))
         elif name == "dcgm":
             from agent.gpu.dcgm import DcgmTelemetry
 
@@ -80,10 +81,34 @@ def build_telemetry(settings: Settings) -> list[TelemetrySource]:
     return sources
 
 
-def sim_counters(_device: Device, _now: float) -> dict[str, float]:
-    """Counters of a simulated device from the contention model of what runs on it.
-    Nothing is placed on simulated devices yet, so they read as idle."""
-    return device_counters([])
+class SimCounters:
+    """Counters of a simulated device: the contention model over the leases it holds.
+
+    A lease without a known profile is modelled as keeping 80% of its thread share of the
+    SMs busy and a third of that on the memory bus; with nothing placed the device is idle.
+    """
+
+    def __init__(self) -> None:
+        self.leases: Callable[[str], list[Lease]] = lambda _uuid: []
+
+    def __call__(self, device: Device, _now: float) -> dict[str, float]:
+        return device_counters(
+            [
+                _load(lease)
+                for lease in self.leases(device.uuid)
+                if lease.state is not LeaseState.RESERVED
+            ]
+        )
+
+
+def _load(lease: Lease) -> Load:
+    busy = min(1.0, 0.8 * lease.thread_pct / 100.0)
+    return Load(
+        {"sm_active": busy, "dram_active": busy / 3},
+        thread_pct=lease.thread_pct,
+        memory_bytes=lease.memory_bytes,
+        name=lease.lease_id,
+    )
 
 
 def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:

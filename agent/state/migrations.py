@@ -55,6 +55,10 @@ MIGRATIONS: tuple[str, ...] = (
         at REAL NOT NULL
     );
     """,
+    # 3: a heartbeat row, written to find out whether the store can write
+    """
+    CREATE TABLE heartbeat (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL);
+    """,
 )
 
 

@@ -175,6 +175,21 @@ class SqliteStateStore:
         rows = await self._query("SELECT COALESCE(MAX(seq), 0) FROM events", ())
         return int(rows[0][0])
 
+    async def heartbeat(self, *, at: float) -> None:
+        def run() -> None:
+            assert self._db is not None
+            try:
+                self._db.execute("INSERT OR REPLACE INTO heartbeat VALUES (1, ?)", (at,))
+            except sqlite3.Error as exc:
+                raise StateError(f"cannot write the state store: {exc}") from exc
+
+        try:
+            await self._run(run)
+        except StateError:
+            self._writable = False
+            raise
+        self._writable = True
+
     async def set_drained(self, device_uuid: str, reason: str | None, *, at: float) -> None:
         def run() -> None:
             assert self._db is not None
