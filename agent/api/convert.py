@@ -77,7 +77,9 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
         latest_windows=[window_to_pb(w) for w in snapshot.latest_windows],
         telemetry_source=snapshot.telemetry_source,
         stale_devices=list(snapshot.stale_devices),
-        leases=[lease_to_pb(lease, snapshot) for lease in snapshot.leases],
+        leases=[
+            lease_to_pb(lease, _index(snapshot, lease.device_uuid)) for lease in snapshot.leases
+        ],
         ledger=[ledger_to_pb(entry) for entry in snapshot.ledger],
         stranded_memory_bytes=snapshot.stranded_memory_bytes,
         stranded_thread_pct=snapshot.stranded_thread_pct,
@@ -96,10 +98,11 @@ def ledger_to_pb(entry: DeviceLedger) -> pb.DeviceLedger:
     )
 
 
-def lease_to_pb(lease: Lease, snapshot: NodeSnapshot | None = None) -> pb.Lease:
-    index = 0
-    if snapshot is not None:
-        index = next((d.index for d in snapshot.devices if d.uuid == lease.device_uuid), 0)
+def _index(snapshot: NodeSnapshot, device_uuid: str) -> int:
+    return next((d.index for d in snapshot.devices if d.uuid == device_uuid), 0)
+
+
+def lease_to_pb(lease: Lease, device_index: int = 0) -> pb.Lease:
     return pb.Lease(
         lease_id=lease.lease_id,
         request_id=lease.request_id,
@@ -107,7 +110,7 @@ def lease_to_pb(lease: Lease, snapshot: NodeSnapshot | None = None) -> pb.Lease:
         tenant=lease.tenant,
         trust_domain=lease.trust_domain,
         device_uuid=lease.device_uuid,
-        device_index=index,
+        device_index=device_index,
         priority=lease.priority.value,
         memory_bytes=lease.memory_bytes,
         thread_pct=lease.thread_pct,
@@ -140,14 +143,14 @@ def decision_to_pb(decision: Decision) -> pb.Decision:
     )
 
 
-def result_to_pb(result: AdmitResult, snapshot: NodeSnapshot | None = None) -> pb.AdmitResponse:
+def result_to_pb(result: AdmitResult, device_index: int = 0) -> pb.AdmitResponse:
     response = pb.AdmitResponse(
         decision=decision_to_pb(result.decision),
         env=dict(result.env),
         mounts=[pb.Mount(host_path=h, container_path=c) for h, c in result.mounts],
     )
     if result.lease is not None:
-        response.lease.CopyFrom(lease_to_pb(result.lease, snapshot))
+        response.lease.CopyFrom(lease_to_pb(result.lease, device_index))
     return response
 
 

@@ -31,6 +31,7 @@ from agent.core.errors import (
     StateError,
     ValidationError,
 )
+from agent.core.types import AdmitResult
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ class AgentService(pb_grpc.AgentServicer):
                 f"{name} is allowed only on the agent's local Unix socket",
             )
 
+    def _result(self, result: AdmitResult) -> pb.AdmitResponse:
+        index = self._node.device_index(result.lease.device_uuid) if result.lease else 0
+        return convert.result_to_pb(result, index)
+
     async def Ping(self, request: pb.PingRequest, context: Context) -> pb.PingResponse:
         return pb.PingResponse()
 
@@ -88,7 +93,7 @@ class AgentService(pb_grpc.AgentServicer):
     async def Admit(self, request: pb.AdmitRequest, context: Context) -> pb.AdmitResponse:
         async def run() -> pb.AdmitResponse:
             result = await self._node.admit(validate.request(request.request))
-            return convert.result_to_pb(result, self._node.snapshot())
+            return self._result(result)
 
         return await answer(context, run)
 
@@ -110,9 +115,8 @@ class AgentService(pb_grpc.AgentServicer):
             if len({r.request_id for r in requests}) != len(requests):
                 raise ValidationError("requests", "request ids must be unique in a batch")
             results = await self._node.admit_batch(requests)
-            snapshot = self._node.snapshot()
             return pb.AdmitBatchResponse(
-                results=[convert.result_to_pb(r, snapshot) for r in results],
+                results=[self._result(r) for r in results],
                 order=[r.request_id for r in requests],
             )
 
@@ -124,7 +128,7 @@ class AgentService(pb_grpc.AgentServicer):
             result = await self._node.admit(
                 validate.request(request.request), gang_id=gang, ttl_s=validate.ttl(request.ttl_s)
             )
-            return convert.result_to_pb(result, self._node.snapshot())
+            return self._result(result)
 
         return await answer(context, run)
 

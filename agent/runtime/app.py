@@ -60,7 +60,9 @@ class App:
         self.settings = settings
         self.events = EventLog(clock=clock)
         self.ports = ports or build_ports(settings, self.events)
-        self.store = self.ports.store or SqliteStateStore(settings.state_db_path)
+        self.store = self.ports.store or SqliteStateStore(
+            settings.state_db_path, sync=settings.paths.state_sync
+        )
         self.rules = admission_rules(settings)
         self.sizes = standard_sizes(settings)
         self._clock = clock

@@ -26,6 +26,10 @@ class NodeFacade:
             raise GpushareError("the agent is still starting")
         return service
 
+    def device_index(self, device_uuid: str) -> int:
+        device = self._node.devices.get(device_uuid)
+        return device.index if device is not None else 0
+
     async def admit(
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
     ) -> AdmitResult:

@@ -54,7 +54,7 @@ def build_ports(settings: Settings, events: EventLog) -> Ports:
         mps=build_mps_manager(settings, gpu, events),
         telemetry=build_telemetry(settings),
         simulated=settings.sim.enabled,
-        store=SqliteStateStore(settings.state_db_path),
+        store=SqliteStateStore(settings.state_db_path, sync=settings.paths.state_sync),
     )
 
 

@@ -49,8 +49,11 @@ LIVE_STATES = tuple(s.value for s in LeaseState if s.holds_capacity)
 
 
 class SqliteStateStore:
-    def __init__(self, path: str, *, max_events: int = 100_000) -> None:
+    def __init__(self, path: str, *, sync: str = "full", max_events: int = 100_000) -> None:
+        if sync not in ("full", "normal"):
+            raise StateError(f"unknown sync mode {sync!r}")
         self.path = path
+        self._sync = sync
         self._max_events = max_events
         self._db: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -73,7 +76,7 @@ class SqliteStateStore:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
+            db.execute(f"PRAGMA synchronous={self._sync.upper()}")
             db.execute("PRAGMA busy_timeout=5000")
             migrate(db)
         except (sqlite3.Error, OSError) as exc:

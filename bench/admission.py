@@ -1,0 +1,182 @@
+"""Admission latency and throughput of the real agent, against a no-op RPC on the same server.
+
+Starts `gpushare serve --sim` (4 x H100) with a TCP listener and a bearer token, then, for
+1, 8 and 64 concurrent callers, measures in one run:
+
+- `Admit` (each admitted lease released again right after, so the node never fills up):
+  latency of the Admit call alone, admissions per second;
+- `Ping`, a no-op RPC through the same listener, interceptor and event loop: the floor.
+
+Every admission is durable (SQLite WAL, synchronous=FULL, group commit) before it is
+answered. The ratio of the two p50 latencies is what admission costs above gRPC itself.
+
+    python bench/admission.py [--seconds 5]
+
+Prints a table, then one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent.client import AgentClient, Priority  # noqa: E402
+
+TOKEN = "bench-token-0123456789abcdef"
+
+
+def start_agent(root: Path, sync: str) -> tuple[subprocess.Popen[bytes], int]:
+    (root / "token").write_text(TOKEN)
+    port_file = root / "port"
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    port_file.write_text(str(port))
+    args = [
+        sys.executable,
+        "-m",
+        "agent",
+        "--socket",
+        str(root / "agent.sock"),
+        "serve",
+        "--sim",
+        "--http-listen",
+        "",
+        "--tcp-listen",
+        f"127.0.0.1:{port}",
+        "--set",
+        f"api.token_file={root / 'token'}",
+        "--set",
+        f"paths.runtime_dir={root}",
+        "--set",
+        f"paths.state_dir={root}/state",
+        "--set",
+        "mps.probe_interval_s=3600",
+        "--set",
+        f"paths.state_sync={sync}",
+        "--log-level",
+        "warning",
+    ]
+    process = subprocess.Popen(
+        args,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return process, port
+
+
+async def wait_ready(target: str) -> None:
+    deadline = time.monotonic() + 30
+    async with AgentClient(target, token=TOKEN, attempts=1, timeout_s=1) as agent:
+        while True:
+            try:
+                await agent.ping()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+async def run_callers(target: str, callers: int, seconds: float, kind: str) -> list[float]:
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds
+
+    async def caller(agent: AgentClient) -> None:
+        while time.monotonic() < deadline:
+            if kind == "ping":
+                started = time.perf_counter()
+                await agent.ping()
+                latencies.append(time.perf_counter() - started)
+                continue
+            started = time.perf_counter()
+            answer = await agent.admit(
+                request_id=f"b-{uuid.uuid4().hex}",
+                tenant="bench",
+                trust_domain="bench",
+                priority=Priority.BEST_EFFORT,
+                memory_bytes=64 * 2**20,
+                thread_pct=1.0,
+            )
+            latencies.append(time.perf_counter() - started)
+            if not answer.decision.admitted:
+                raise SystemExit(f"refused: {answer.decision.message}")
+            await agent.release(answer.lease.lease_id)
+
+    async with AgentClient(target, token=TOKEN) as agent:
+        await asyncio.gather(*(caller(agent) for _ in range(callers)))
+    return latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def measure(target: str, seconds: float) -> dict[str, float]:
+    result: dict[str, float] = {}
+    for callers in (1, 8, 64):
+        noop = await run_callers(target, callers, seconds, "ping")
+        admit = await run_callers(target, callers, seconds, "admit")
+        result[f"noop_p50_ms_{callers}"] = pct(noop, 0.5)
+        result[f"admit_p50_ms_{callers}"] = pct(admit, 0.5)
+        result[f"admit_p99_ms_{callers}"] = pct(admit, 0.99)
+        result[f"admits_per_s_{callers}"] = len(admit) / seconds
+        result[f"noops_per_s_{callers}"] = len(noop) / seconds
+    result["admit_p50_ms"] = result["admit_p50_ms_1"]
+    result["noop_p50_ms"] = result["noop_p50_ms_1"]
+    result["p50_ratio"] = result["admit_p50_ms"] / result["noop_p50_ms"]
+    result["admit_p99_ms"] = result["admit_p99_ms_1"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    parser.add_argument(
+        "--sync",
+        choices=("full", "normal"),
+        default="full",
+        help="paths.state_sync of the agent under test",
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gs-adm-", dir="/tmp") as tmp:
+        process, port = start_agent(Path(tmp), args.sync)
+        try:
+            target = f"127.0.0.1:{port}"
+            asyncio.run(wait_ready(target))
+            result = asyncio.run(measure(target, args.seconds))
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+    print(
+        f"{'callers':>8} {'admit p50':>10} {'admit p99':>10} {'noop p50':>9} "
+        f"{'admits/s':>9} {'noops/s':>8}"
+    )
+    for callers in (1, 8, 64):
+        print(
+            f"{callers:>8} {result[f'admit_p50_ms_{callers}']:>9.2f}m "
+            f"{result[f'admit_p99_ms_{callers}']:>9.2f}m {result[f'noop_p50_ms_{callers}']:>8.2f}m "
+            f"{result[f'admits_per_s_{callers}']:>9.0f} {result[f'noops_per_s_{callers}']:>8.0f}"
+        )
+    print(f"p50 ratio (admit / no-op, 1 caller): {result['p50_ratio']:.2f} (target <= 1.5)")
+    print(json.dumps({"sync": args.sync, **{k: round(v, 3) for k, v in result.items()}}))
+
+
+if __name__ == "__main__":
+    main()
