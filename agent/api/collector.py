@@ -9,11 +9,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from agent import __version__
-from agent.core.types import NodeSnapshot
+from agent.core.types import LATENCY_BUCKETS_S, NodeSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,62 @@ class AgentCollector(Collector):
         yield from self._node(snapshot)
         yield from self._devices(snapshot)
         yield from self._telemetry_families(snapshot)
+        yield from self._admission(snapshot)
+
+    def _admission(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
+        stats = snapshot.admission
+        outcomes = CounterMetricFamily(
+            "gpushare_admissions",
+            "Admission decisions by result and reason code.",
+            labels=["result", "reason"],
+        )
+        for (result, reason), count in sorted(stats.outcomes.items()):
+            outcomes.add_metric([result, reason], count)
+        yield outcomes
+        buckets = [
+            (f"{bound:g}", count)
+            for bound, count in zip(LATENCY_BUCKETS_S, stats.latency_buckets, strict=True)
+        ]
+        buckets.append(("+Inf", stats.latency_count))
+        latency = HistogramMetricFamily(
+            "gpushare_admission_decision_seconds",
+            "Time from an Admit arriving to its durable answer.",
+            buckets=buckets,
+            sum_value=stats.latency_sum_s,
+        )
+        yield latency
+        states = GaugeMetricFamily("gpushare_leases", "Live leases by state.", labels=["state"])
+        counts: dict[str, int] = {}
+        for lease in snapshot.leases:
+            counts[lease.state.value] = counts.get(lease.state.value, 0) + 1
+        for state in ("reserved", "admitted", "ready"):
+            states.add_metric([state], counts.get(state, 0))
+        yield states
+        memory = GaugeMetricFamily(
+            "gpushare_device_memory_committed_bytes",
+            "Memory limits of the live leases on each device.",
+            labels=["device"],
+        )
+        threads = GaugeMetricFamily(
+            "gpushare_device_threads_committed_pct",
+            "Thread percentages of the live leases on each device.",
+            labels=["device"],
+        )
+        for entry in snapshot.ledger:
+            memory.add_metric([entry.device_uuid], entry.memory_committed_bytes)
+            threads.add_metric([entry.device_uuid], entry.threads_committed_pct)
+        yield memory
+        yield threads
+        stranded = GaugeMetricFamily(
+            "gpushare_stranded_memory_bytes", "Free memory no standard request size can use."
+        )
+        stranded.add_metric([], snapshot.stranded_memory_bytes)
+        yield stranded
+        stranded_threads = GaugeMetricFamily(
+            "gpushare_stranded_threads_pct", "Free thread budget no standard request can use."
+        )
+        stranded_threads.add_metric([], snapshot.stranded_thread_pct)
+        yield stranded_threads
 
     def _node(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
         info = GaugeMetricFamily(

@@ -247,9 +247,12 @@ class GrpcServer:
         await self._health.set("", serving)
         await self._health.set(SERVICE_NAME, serving)
         self._server = server
+        bound = self._address
+        if not bound.startswith("unix:"):
+            bound = f"{bound.rpartition(':')[0]}:{self.port}"
         log.info(
             "gRPC serving on %s%s",
-            self._address,
+            bound,
             " (token)" if self._token else " (mutual TLS)" if self._tls else "",
         )
 

@@ -229,6 +229,19 @@ class DeviceLedger:
     closed_detail: str = ""
 
 
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStats:
+    """Admission counts by ``(result, reason)`` and a latency histogram of Admit decisions."""
+
+    outcomes: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    latency_buckets: tuple[int, ...] = (0,) * len(LATENCY_BUCKETS_S)  # cumulative counts
+    latency_sum_s: float = 0.0
+    latency_count: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """The node as the API and the metrics see it at one instant."""
@@ -247,3 +260,4 @@ class NodeSnapshot:
     stranded_memory_bytes: int = 0
     stranded_thread_pct: float = 0.0
     last_event_seq: int = 0
+    admission: AdmissionStats = field(default_factory=AdmissionStats)

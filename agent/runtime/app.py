@@ -23,7 +23,7 @@ from agent.api.grpc_server import AgentService, GrpcServer
 from agent.api.http import HttpServer, build_http_app
 from agent.config import Settings, settings_as_dict
 from agent.core.errors import GpushareError
-from agent.core.types import Device, DeviceLedger, NodeSnapshot
+from agent.core.types import AdmissionStats, Device, DeviceLedger, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.runtime import checks
@@ -319,6 +319,7 @@ class App:
             stranded_memory_bytes=stranded_bytes,
             stranded_thread_pct=stranded_pct,
             last_event_seq=self.events.last_seq,
+            admission=node.admission_stats() if node else AdmissionStats(),
         )
 
     def _stale(self) -> list[str]:

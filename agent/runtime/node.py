@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 
 from agent.admission.capacity import StandardSize, Stranded, stranded
@@ -19,7 +20,9 @@ from agent.admission.policy import DeviceView, Rules, decide
 from agent.core.errors import ConflictError, NotFoundError, StateError
 from agent.core.lease import Lease, LeaseState, transition
 from agent.core.types import (
+    LATENCY_BUCKETS_S,
     AdmissionRequest,
+    AdmissionStats,
     AdmitResult,
     Decision,
     Device,
@@ -64,6 +67,10 @@ class NodeService:
         self.leases: dict[str, Lease] = {}
         self._by_request: dict[str, str] = {}
         self.drained: dict[str, str] = {}
+        self._outcomes: dict[tuple[str, str], int] = {}
+        self._latency = [0] * len(LATENCY_BUCKETS_S)
+        self._latency_sum_s = 0.0
+        self._latency_count = 0
 
     async def load(self) -> None:
         """Rebuild the ledger from the store; expire reservations whose TTL passed."""
@@ -119,6 +126,32 @@ class NodeService:
 
     async def admit(
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
+    ) -> AdmitResult:
+        started = time.perf_counter()
+        result = await self._admit(request, gang_id=gang_id, ttl_s=ttl_s)
+        self._record(result.decision, time.perf_counter() - started)
+        return result
+
+    def _record(self, decision: Decision, took_s: float) -> None:
+        key = (
+            ("admitted", "")
+            if decision.admitted
+            else ("refused", decision.reason.value if decision.reason else "")
+        )
+        self._outcomes[key] = self._outcomes.get(key, 0) + 1
+        for i, bound in enumerate(LATENCY_BUCKETS_S):
+            if took_s <= bound:
+                self._latency[i] += 1
+        self._latency_sum_s += took_s
+        self._latency_count += 1
+
+    def admission_stats(self) -> AdmissionStats:
+        return AdmissionStats(
+            dict(self._outcomes), tuple(self._latency), self._latency_sum_s, self._latency_count
+        )
+
+    async def _admit(
+        self, request: AdmissionRequest, *, gang_id: str | None, ttl_s: float | None
     ) -> AdmitResult:
         known = await self._known(request.request_id)
         if known is not None:

@@ -275,3 +275,24 @@ async def test_a_store_that_cannot_write_fails_closed(root: Path) -> None:
                 break
             await asyncio.sleep(0.1)
         assert (await stub.Admit(pb.AdmitRequest(request=req("lost")))).decision.admitted
+
+
+async def test_admission_metrics(agent: App) -> None:
+    import aiohttp
+
+    async with unix(agent) as channel:
+        stub = pb_grpc.AgentStub(channel)
+        await stub.Admit(pb.AdmitRequest(request=req("m1", 10)))
+        await stub.Admit(pb.AdmitRequest(request=req("m2", 500)))
+    assert agent.http is not None
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{agent.http.port}/metrics") as response,
+    ):
+        text = await response.text()
+    assert 'gpushare_admissions_total{reason="",result="admitted"} 1.0' in text
+    assert 'gpushare_admissions_total{reason="NO_MEMORY",result="refused"} 1.0' in text
+    assert "gpushare_admission_decision_seconds_count 2.0" in text
+    assert 'gpushare_leases{state="admitted"} 1.0' in text
+    assert text.count("gpushare_device_memory_committed_bytes{") == 2
+    assert "gpushare_stranded_memory_bytes" in text
