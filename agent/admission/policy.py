@@ -14,7 +14,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.core.lease import Lease
+from agent.core.lease import Lease, LeaseState
 from agent.core.types import (
     AdmissionRequest,
     Decision,
@@ -227,7 +227,12 @@ def preemption_plan(
         if view.closed is not None:
             continue
         victims = sorted(
-            (lease for lease in view.leases if lease.priority is PriorityClass.BEST_EFFORT),
+            (
+                lease
+                for lease in view.leases
+                if lease.priority is PriorityClass.BEST_EFFORT
+                and lease.state in (LeaseState.ADMITTED, LeaseState.READY)
+            ),
             key=lambda lease: -lease.created_at,
         )
         for count in range(1, len(victims) + 1):

@@ -27,6 +27,7 @@ from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.core.errors import (
     ConflictError,
     GpushareError,
+    LeaseTransitionError,
     NotFoundError,
     StateError,
     ValidationError,
@@ -39,6 +40,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
 SOCKET_MODE = 0o660
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 STATUS = {
+    LeaseTransitionError: grpc.StatusCode.INTERNAL,  # a bug: never retry it
     ValidationError: grpc.StatusCode.INVALID_ARGUMENT,
     NotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
@@ -162,10 +164,11 @@ class AgentService(pb_grpc.AgentServicer):
                 last = event.seq
                 yield convert.event_to_pb(event)
         while True:
+            change = self._events.change()
             for event in self._events.since(last):
                 last = event.seq
                 yield convert.event_to_pb(event)
-            await self._events.wait_for_new()
+            await change.wait()
 
     async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
         await self._admin_only(context, "Drain")

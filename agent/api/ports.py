@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -43,6 +44,8 @@ class EventFeed(Protocol):
     @property
     def oldest_seq(self) -> int: ...
 
-    async def wait_for_new(self) -> None: ...
+    def change(self) -> asyncio.Event:
+        """Set by the next event; take it before reading ``since``."""
+        ...
 
     async def stored_since(self, seq: int, *, limit: int) -> list[Event]: ...

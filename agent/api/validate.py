@@ -31,7 +31,7 @@ def identifier(value: str, field: str, *, required: bool = True) -> str:
         return ""
     if len(value) > MAX_TEXT:
         raise ValidationError(field, f"is longer than {MAX_TEXT} characters")
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):
         raise ValidationError(field, "may hold only letters, digits and ._:/@+=-")
     return value
 

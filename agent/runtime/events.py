@@ -19,6 +19,7 @@ from agent.core.types import Event
 from agent.state.port import StateStore
 
 audit = logging.getLogger("gpushare.audit")
+RESTART_GAP = 1_000_000
 log = logging.getLogger(__name__)
 
 
@@ -32,14 +33,19 @@ class EventLog:
         self._store: StateStore | None = None
 
     async def resume(self, store: StateStore) -> None:
-        """Continue after what the store holds (at start, before any new event)."""
+        """Continue after what the store holds (at start, before any new event).
+
+        Numbers published but not yet stored when the last agent died are never reused:
+        the sequence skips ahead by ``RESTART_GAP``, so a watcher resuming from any number it
+        saw never mistakes a new event for one it already has.
+        """
         self._store = store
         last = await store.last_event_seq()
         recent = await store.events_since(
             max(0, last - (self._events.maxlen or 0)), limit=self._events.maxlen or 0
         )
         self._events.extend(e for e in recent if e.seq > self._seq)
-        self._seq = max(self._seq, last)
+        self._seq = max(self._seq, last + RESTART_GAP if last else 0)
 
     async def stored_since(self, seq: int, *, limit: int) -> list[Event]:
         if self._store is None:
@@ -96,8 +102,9 @@ class EventLog:
     def last_seq(self) -> int:
         return self._seq
 
-    async def wait_for_new(self) -> None:
-        await self._changed.wait()
+    def change(self) -> asyncio.Event:
+        """Set by the next event. Take it *before* reading ``since`` so no event is missed."""
+        return self._changed
 
     async def persister(self, store: StateStore, *, interval_s: float = 0.2) -> None:
         """Write published events to the store until cancelled (a supervised task)."""

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from agent.admission.capacity import StandardSize, Stranded, stranded
@@ -20,7 +21,6 @@ from agent.admission.policy import DeviceView, Rules, decide
 from agent.core.errors import ConflictError, NotFoundError, StateError
 from agent.core.lease import Lease, LeaseState, transition
 from agent.core.types import (
-    LATENCY_BUCKETS_S,
     AdmissionRequest,
     AdmissionStats,
     AdmitResult,
@@ -33,12 +33,17 @@ from agent.core.types import (
 )
 from agent.mps.limits import LEASE_MARKER_VAR, DaemonPaths, client_environment
 from agent.runtime.events import EventLog
+from agent.runtime.stats import AdmissionRecorder
+from agent.runtime.transitions import LeaseTransitions
 from agent.state.port import StateStore
 
 log = logging.getLogger(__name__)
 
 
-class NodeService:
+ENDED_KEPT = 100_000  # ended leases remembered in memory (older ones are read from the store)
+
+
+class NodeService(LeaseTransitions):
     def __init__(
         self,
         devices: Sequence[Device],
@@ -67,13 +72,14 @@ class NodeService:
         self.leases: dict[str, Lease] = {}
         self._by_request: dict[str, str] = {}
         self.drained: dict[str, str] = {}
-        self._outcomes: dict[tuple[str, str], int] = {}
-        self._latency = [0] * len(LATENCY_BUCKETS_S)
-        self._latency_sum_s = 0.0
-        self._latency_count = 0
+        self._ended: OrderedDict[str, Lease] = OrderedDict()
+        self._expired_gangs: set[str] = set()
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._recorder = AdmissionRecorder()
 
     async def load(self) -> None:
         """Rebuild the ledger from the store; expire reservations whose TTL passed."""
+        self._by_request.update(await self._store.request_index())
         for lease in await self._store.live_leases():
             self._remember(lease)
         self.drained = {u: r for u, r in (await self._store.drained()).items() if u in self.devices}
@@ -87,8 +93,12 @@ class NodeService:
     def _remember(self, lease: Lease) -> None:
         if lease.state.holds_capacity:
             self.leases[lease.lease_id] = lease
+            self._ended.pop(lease.lease_id, None)
         else:
             self.leases.pop(lease.lease_id, None)
+            self._ended[lease.lease_id] = lease
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
         self._by_request[lease.request_id] = lease.lease_id
 
     # -- views -----------------------------------------------------------------------------
@@ -129,26 +139,11 @@ class NodeService:
     ) -> AdmitResult:
         started = time.perf_counter()
         result = await self._admit(request, gang_id=gang_id, ttl_s=ttl_s)
-        self._record(result.decision, time.perf_counter() - started)
+        self._recorder.record(result.decision, time.perf_counter() - started)
         return result
 
-    def _record(self, decision: Decision, took_s: float) -> None:
-        key = (
-            ("admitted", "")
-            if decision.admitted
-            else ("refused", decision.reason.value if decision.reason else "")
-        )
-        self._outcomes[key] = self._outcomes.get(key, 0) + 1
-        for i, bound in enumerate(LATENCY_BUCKETS_S):
-            if took_s <= bound:
-                self._latency[i] += 1
-        self._latency_sum_s += took_s
-        self._latency_count += 1
-
     def admission_stats(self) -> AdmissionStats:
-        return AdmissionStats(
-            dict(self._outcomes), tuple(self._latency), self._latency_sum_s, self._latency_count
-        )
+        return self._recorder.snapshot()
 
     async def _admit(
         self, request: AdmissionRequest, *, gang_id: str | None, ttl_s: float | None
@@ -169,11 +164,44 @@ class NodeService:
             before = {c.lease_id: self.leases.get(c.lease_id) for c in changes}
             for change in changes:
                 self._remember(change)
+            write = self._write(request.request_id, changes, before, decision)
+            if decision.preempted_lease_ids:
+                # Victims' capacity must not be reused until the eviction is durable, or an
+                # undo could overcommit: a preempting admission writes under the lock.
+                return await self._settle(write, request, decision, lease)
+        return await self._settle(write, request, decision, lease)
+
+    def _write(
+        self,
+        request_id: str,
+        changes: list[Lease],
+        before: dict[str, Lease | None],
+        decision: Decision,
+    ) -> asyncio.Future[None]:
         events = [self._lease_event(c, decision) for c in changes]
+        write = asyncio.ensure_future(self._store.commit(changes, events))
+        self._inflight[request_id] = write
+
+        def settled(done: asyncio.Future[None]) -> None:
+            self._inflight.pop(request_id, None)
+            if done.cancelled() or done.exception() is not None:
+                self._undo(changes, before)
+
+        write.add_done_callback(settled)
+        return write
+
+    async def _settle(
+        self,
+        write: asyncio.Future[None],
+        request: AdmissionRequest,
+        decision: Decision,
+        lease: Lease,
+    ) -> AdmitResult:
+        """Answer once the write is durable. A cancelled caller leaves the write running:
+        it completes (or is undone) on its own, and a retry with the same id waits for it."""
         try:
-            await self._store.commit(changes, events)
+            await asyncio.shield(write)
         except StateError as exc:
-            self._undo(changes, before)
             log.error("admission of %s not recorded: %s", request.request_id, exc)
             return AdmitResult(
                 Decision(False, reason=ReasonCode.STORE_UNAVAILABLE, message=f"not admitted: {exc}")
@@ -181,13 +209,27 @@ class NodeService:
         return self._result(decision, lease)
 
     async def _known(self, request_id: str) -> AdmitResult | None:
-        """Idempotency: a request id seen before gets the same lease back."""
+        """Idempotency: a request id seen before gets the same live lease back, once it is
+        durable; the id of a lease that has ended is refused, not reused."""
+        inflight = self._inflight.get(request_id)
+        if inflight is not None:
+            try:
+                await asyncio.shield(inflight)
+            except StateError:
+                return None  # the first attempt was not recorded: decide afresh
         lease_id = self._by_request.get(request_id)
-        lease = self.leases.get(lease_id) if lease_id else None
-        if lease is None and lease_id is not None:
+        if lease_id is None:
+            return None
+        lease = self.leases.get(lease_id) or self._ended.get(lease_id)
+        if lease is None:
             lease = await self._store.lease_by_request(request_id)
         if lease is None:
             return None
+        if not lease.state.holds_capacity:
+            raise ConflictError(
+                f"request id {request_id!r} belongs to lease {lease.lease_id}, which is "
+                f"{lease.state.value}; use a new request id"
+            )
         decision = Decision(True, lease.device_uuid, message="already admitted (same request id)")
         return self._result(decision, lease)
 
@@ -282,89 +324,6 @@ class NodeService:
             await asyncio.sleep(0)  # let the decision happen in order, the writes together
             results.append(task)
         return list(await asyncio.gather(*results))
-
-    # -- transitions -----------------------------------------------------------------------
-
-    async def _move(self, leases: list[Lease], target: LeaseState, reason: str) -> list[Lease]:
-        now = self._clock()
-        async with self._lock:
-            moved = [transition(lease, target, at=now, reason=reason) for lease in leases]
-            for lease in moved:
-                self._remember(lease)
-        await self._store.commit(moved, [self._lease_event(lease) for lease in moved])
-        return moved
-
-    async def release(self, lease_id: str) -> Lease:
-        lease = self.leases.get(lease_id)
-        if lease is None:
-            raise NotFoundError(f"no live lease {lease_id!r}")
-        (released,) = await self._move([lease], LeaseState.RELEASED, "released by the caller")
-        return released
-
-    def _gang(self, gang_id: str) -> list[Lease]:
-        gang = [
-            lease
-            for lease in self.leases.values()
-            if lease.gang_id == gang_id and lease.state is LeaseState.RESERVED
-        ]
-        if not gang:
-            raise NotFoundError(f"no reservation held for gang {gang_id!r}")
-        return gang
-
-    async def commit(self, gang_id: str) -> list[Lease]:
-        gang = self._gang(gang_id)
-        now = self._clock()
-        if any(lease.expires_at is not None and lease.expires_at <= now for lease in gang):
-            await self._move(gang, LeaseState.EXPIRED, "reservation TTL passed before commit")
-            raise ConflictError(f"gang {gang_id!r} expired before it was committed")
-        return await self._move(gang, LeaseState.ADMITTED, f"gang {gang_id} committed")
-
-    async def abort(self, gang_id: str) -> list[Lease]:
-        return await self._move(self._gang(gang_id), LeaseState.RELEASED, f"gang {gang_id} aborted")
-
-    async def expire_reservations(self) -> list[Lease]:
-        now = self._clock()
-        due = [
-            lease
-            for lease in self.leases.values()
-            if lease.state is LeaseState.RESERVED
-            and lease.expires_at is not None
-            and lease.expires_at <= now
-        ]
-        if not due:
-            return []
-        return await self._move(due, LeaseState.EXPIRED, "reservation TTL passed")
-
-    async def clear_stale(self, *, dry_run: bool) -> list[str]:
-        """What is stale and, unless ``dry_run``, clear it: today, reservations past TTL."""
-        now = self._clock()
-        due = [
-            lease
-            for lease in self.leases.values()
-            if lease.state is LeaseState.RESERVED
-            and lease.expires_at is not None
-            and lease.expires_at <= now
-        ]
-        actions = [f"expire reservation {lease.lease_id} of gang {lease.gang_id}" for lease in due]
-        if not dry_run and due:
-            await self._move(due, LeaseState.EXPIRED, "reservation TTL passed (clear-stale)")
-        return actions
-
-    async def reservation_reaper(
-        self, *, interval_s: float = 1.0, heartbeat_every: int = 10
-    ) -> None:
-        """Expire reservations as their TTL passes, and check that the store can write: every
-        ``heartbeat_every`` rounds, and every round while it cannot (a supervised task)."""
-        rounds = 0
-        while True:
-            await asyncio.sleep(interval_s)
-            rounds += 1
-            try:
-                if not self._store.writable() or rounds % heartbeat_every == 0:
-                    await self._store.heartbeat(at=self._clock())
-                await self.expire_reservations()
-            except StateError as exc:
-                log.warning("the state store cannot write: %s", exc)
 
     # -- operators -------------------------------------------------------------------------
 

@@ -119,7 +119,10 @@ class SqliteStateStore:
             events = [event for item in batch for event in item[1]]
             try:
                 await self._run(self._write, leases, events)
-            except StateError as exc:
+            except Exception as exc:  # any failure fails this batch, never the writer
+                if not isinstance(exc, StateError):
+                    log.exception("unexpected error writing the state store")
+                    exc = StateError(f"cannot write the state store: {exc!r}")
                 self._writable = False
                 for *_rows, done in batch:
                     if not done.done():
@@ -150,7 +153,7 @@ class SqliteStateStore:
                     "DELETE FROM events WHERE seq <= ?", (events[-1].seq - self._max_events,)
                 )
             self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise StateError(f"cannot write the state store {self.path}: {exc}") from exc
@@ -165,6 +168,10 @@ class SqliteStateStore:
     async def lease_by_request(self, request_id: str) -> Lease | None:
         rows = await self._query("SELECT * FROM leases WHERE request_id = ?", (request_id,))
         return _lease(rows[0]) if rows else None
+
+    async def request_index(self) -> dict[str, str]:
+        rows = await self._query("SELECT request_id, lease_id FROM leases", ())
+        return {str(r[0]): str(r[1]) for r in rows}
 
     async def events_since(self, seq: int, *, limit: int) -> list[Event]:
         rows = await self._query(

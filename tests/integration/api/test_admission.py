@@ -200,7 +200,8 @@ async def test_gang_reserve_commit_abort_and_expiry(agent: App) -> None:
         await asyncio.sleep(1.5)  # the reaper expires it and frees its capacity
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Commit(pb.GangRequest(gang_id="g3"))
-        assert info.value.code() is grpc.StatusCode.NOT_FOUND
+        assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "expired" in (info.value.details() or "")
         kinds = [e.kind for e in agent.events.since(0)]
         assert "lease.expired" in kinds
         assert (await stub.Admit(pb.AdmitRequest(request=req("after", 60)))).decision.admitted
