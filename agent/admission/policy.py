@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import (
@@ -22,6 +23,7 @@ from agent.core.types import (
     DeviceAttempt,
     PriorityClass,
     ReasonCode,
+    RetentionVerdict,
     SharingMode,
 )
 from agent.core.units import format_bytes
@@ -41,6 +43,14 @@ class Rules:
     guaranteed_budget_pct: float = 100.0
     max_clients: int = 48
     placement: Placement = Placement.BEST_FIT
+
+
+class RetentionGate(Protocol):
+    """Predicts the retention of a request and of each lease on a device if it joined."""
+
+    name: str
+
+    def __call__(self, view: DeviceView, request: AdmissionRequest) -> RetentionVerdict: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +78,27 @@ def memory_left_bytes(view: DeviceView, rules: Rules, *, extra_clients: int = 0)
     return view.device.memory_bytes - rules.reserve_bytes - used
 
 
-def check(view: DeviceView, request: AdmissionRequest, rules: Rules) -> DeviceAttempt:
-    """Does ``request`` fit on this device as it is? The first rule that fails says why."""
+def check(
+    view: DeviceView, request: AdmissionRequest, rules: Rules, gate: RetentionGate | None = None
+) -> DeviceAttempt:
+    """Does ``request`` fit on this device as it is? The first rule that fails says why;
+    the retention gate, if any, speaks last (only on occupied devices)."""
     refusal = _refusal(view, request, rules)
-    if refusal is None:
+    if refusal is not None:
+        reason, detail = refusal
+        return DeviceAttempt(view.device.uuid, fits=False, reason=reason, detail=detail)
+    if gate is None or not view.leases:
         return DeviceAttempt(view.device.uuid, fits=True)
-    reason, detail = refusal
-    return DeviceAttempt(view.device.uuid, fits=False, reason=reason, detail=detail)
+    verdict = gate(view, request)
+    if verdict.ok:
+        return DeviceAttempt(view.device.uuid, fits=True, predictions=verdict.predictions)
+    return DeviceAttempt(
+        view.device.uuid,
+        fits=False,
+        reason=ReasonCode.RETENTION_BELOW_FLOOR,
+        detail=verdict.detail,
+        predictions=verdict.predictions,
+    )
 
 
 def _refusal(
@@ -136,20 +160,24 @@ def decide(
     *,
     now: float,
     allow_preemption: bool = True,
+    gate: RetentionGate | None = None,
 ) -> Decision:
     """Admit onto the best device by the placement rule, preempt if allowed, or refuse."""
-    attempts = tuple(check(view, request, rules) for view in views)
-    fitting = [v for v, a in zip(views, attempts, strict=True) if a.fits]
+    attempts = tuple(check(view, request, rules, gate) for view in views)
+    fitting = [(v, a) for v, a in zip(views, attempts, strict=True) if a.fits]
+    estimator = gate.name if gate is not None else ""
     if fitting:
-        chosen = min(fitting, key=lambda v: _fit_key(v, request, rules))
+        chosen, attempt = min(fitting, key=lambda pair: _fit_key(pair[0], request, rules))
         return Decision(
             True,
             chosen.device.uuid,
             attempts=attempts,
             message=f"placed by {rules.placement.value}",
+            predictions=attempt.predictions,
+            estimator=estimator,
         )
     if allow_preemption and request.priority is PriorityClass.GUARANTEED:
-        plan = preemption_plan(request, views, rules, now=now)
+        plan = preemption_plan(request, views, rules, now=now, gate=gate)
         if plan is not None:
             return plan.decision(attempts)
     return refusal(attempts)
@@ -218,7 +246,12 @@ class PreemptionPlan:
 
 
 def preemption_plan(
-    request: AdmissionRequest, views: Sequence[DeviceView], rules: Rules, *, now: float
+    request: AdmissionRequest,
+    views: Sequence[DeviceView],
+    rules: Rules,
+    *,
+    now: float,
+    gate: RetentionGate | None = None,
 ) -> PreemptionPlan | None:
     """For a guaranteed request: the device where evicting the fewest, youngest best-effort
     leases makes it fit, losing the least lease time."""
@@ -239,7 +272,7 @@ def preemption_plan(
             chosen = victims[:count]
             remaining = tuple(lease for lease in view.leases if lease not in chosen)
             trial = DeviceView(view.device, remaining)
-            if check(trial, request, rules).fits:
+            if check(trial, request, rules, gate).fits:
                 lost = sum(max(0.0, now - lease.created_at) for lease in chosen)
                 plans.append(PreemptionPlan(view.device.uuid, tuple(chosen), lost))
                 break

@@ -30,6 +30,7 @@ from agent.core.errors import (
     LeaseTransitionError,
     NotFoundError,
     StateError,
+    UnitError,
     ValidationError,
 )
 from agent.core.types import AdmitResult
@@ -42,6 +43,7 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 STATUS = {
     LeaseTransitionError: grpc.StatusCode.INTERNAL,  # a bug: never retry it
     ValidationError: grpc.StatusCode.INVALID_ARGUMENT,
+    UnitError: grpc.StatusCode.INVALID_ARGUMENT,
     NotFoundError: grpc.StatusCode.NOT_FOUND,
     ConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     StateError: grpc.StatusCode.UNAVAILABLE,

@@ -16,6 +16,7 @@ from agent.core.types import AdmissionRequest, PriorityClass
 
 MAX_TEXT = 128
 MAX_MEMORY_BYTES = 2**50  # 1 PiB: nothing real asks for more
+MIN_MEMORY_BYTES = 2**20  # MPS limits are whole MiB
 _ID_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]+$")
 PRIORITIES = {
     pb.GUARANTEED: PriorityClass.GUARANTEED,
@@ -82,6 +83,10 @@ def memory(message: pb.Request, field: str) -> int:
         raise ValidationError(f"{field}.memory_bytes", "is required (or sizing)")
     if value > MAX_MEMORY_BYTES:
         raise ValidationError(f"{field}.memory_bytes", "is larger than any device")
+    if value < MIN_MEMORY_BYTES:
+        raise ValidationError(
+            f"{field}.memory_bytes", "must be at least 1 MiB (the smallest limit MPS can express)"
+        )
     return value
 
 

@@ -204,6 +204,18 @@ class AdmissionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class EstimatorSettings:
+    model_dir: str = _setting(
+        "default",
+        "Retention model folder (from `gpushare estimator train`). 'default': the model "
+        "shipped with the agent (synthetic training data); 'none': the utilisation-sum rule.",
+    )
+    profiles_dir: str = _setting(
+        "/etc/gpushare/profiles", "Folder of workload profiles (*.yaml) requests may name."
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeSettings:
     node_name: str = _setting(
         socket.gethostname(),
@@ -238,6 +250,7 @@ class Settings:
     mps: MpsSettings = field(default_factory=MpsSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 

@@ -107,11 +107,23 @@ class AdmissionRequest:
 
 @dataclass(frozen=True, slots=True)
 class DeviceAttempt:
-    """Why one device did or did not take a request; part of every explanation."""
+    """Why one device did or did not take a request; part of every explanation.
+    ``predictions``: estimated retention of the candidate (``"candidate"``) and of each
+    current lease (by id) if the request joined this device."""
 
     device_uuid: str
     fits: bool
     reason: ReasonCode | None = None
+    detail: str = ""
+    predictions: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionVerdict:
+    """What the retention gate says of a request joining a device."""
+
+    ok: bool
+    predictions: Mapping[str, float] = field(default_factory=dict)
     detail: str = ""
 
 
@@ -126,6 +138,8 @@ class Decision:
     attempts: tuple[DeviceAttempt, ...] = ()
     preempted_lease_ids: tuple[str, ...] = ()
     preempted_lease_s: float = 0.0  # lease time the preempted leases had run
+    predictions: Mapping[str, float] = field(default_factory=dict)
+    estimator: str = ""  # what produced the predictions: a model, or the fallback rule
 
     def __post_init__(self) -> None:
         if self.admitted and self.device_uuid is None:

@@ -39,6 +39,7 @@ from agent.runtime.wiring import (
     SimCounters,
     admission_rules,
     build_ports,
+    retention_gate,
     standard_sizes,
 )
 from agent.state.sqlite import SqliteStateStore
@@ -65,6 +66,7 @@ class App:
         )
         self.rules = admission_rules(settings)
         self.sizes = standard_sizes(settings)
+        self.gate = retention_gate(settings)
         self._clock = clock
         self.devices: list[Device] = []
         self.node: NodeService | None = None
@@ -172,6 +174,7 @@ class App:
 
     async def _start(self) -> None:
         log.info("effective configuration: %s", settings_as_dict(self.settings))
+        log.info("retention gate: %s; %d profile(s)", self.gate.name, len(self.gate.profiles))
         await self.ports.gpu.start()
         self.devices = await self.ports.gpu.list_devices()
         await self.store.start()
@@ -227,6 +230,7 @@ class App:
             mps_states=self.ports.mps.states,
             clock=self._clock,
             reservation_ttl_s=self.settings.admission.reservation_ttl_s,
+            gate=self.gate,
         )
         await self.node.load()
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())

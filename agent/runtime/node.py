@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from agent.admission.capacity import StandardSize, Stranded, stranded
-from agent.admission.policy import DeviceView, Rules, decide
+from agent.admission.policy import DeviceView, RetentionGate, Rules, decide
 from agent.core.errors import ConflictError, NotFoundError, StateError
 from agent.core.lease import Lease, LeaseState, transition
 from agent.core.types import (
@@ -57,7 +57,9 @@ class NodeService(LeaseTransitions):
         clock: Callable[[], float],
         reservation_ttl_s: float,
         ready_deadline_s: float = 600.0,
+        gate: RetentionGate | None = None,
     ) -> None:
+        self.gate = gate
         self.devices = {d.uuid: d for d in devices}
         self._store = store
         self._events = events
@@ -132,7 +134,9 @@ class NodeService(LeaseTransitions):
     # -- admission -------------------------------------------------------------------------
 
     async def explain(self, request: AdmissionRequest) -> AdmitResult:
-        return AdmitResult(decide(request, self.views(), self.rules, now=self._clock()))
+        return AdmitResult(
+            decide(request, self.views(), self.rules, now=self._clock(), gate=self.gate)
+        )
 
     async def admit(
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
@@ -156,7 +160,7 @@ class NodeService(LeaseTransitions):
             if known is not None:
                 return known
             now = self._clock()
-            decision = decide(request, self.views(), self.rules, now=now)
+            decision = decide(request, self.views(), self.rules, now=now, gate=self.gate)
             if not decision.admitted:
                 return AdmitResult(decision)
             lease = self._new_lease(request, decision, now, gang_id, ttl_s)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.admission.capacity import StandardSize
 from agent.admission.policy import Placement, Rules
 from agent.config import Settings
-from agent.core.errors import ConfigError, GpushareError
+from agent.core.errors import ConfigError, GpushareError, ValidationError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device
 from agent.core.units import parse_bytes
@@ -25,6 +26,7 @@ from agent.mps.port import ControlChannel, MpsManager
 from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from agent.runtime import checks
 from agent.runtime.events import EventLog
+from agent.runtime.gate import ProfileGate
 from agent.sim.contention import Load, device_counters
 from agent.state.port import StateStore
 from agent.state.sqlite import SqliteStateStore
@@ -177,3 +179,24 @@ def _bytes(key: str, text: str) -> int:
         return parse_bytes(text)
     except GpushareError as exc:
         raise ConfigError(key, str(exc)) from exc
+
+
+def retention_gate(settings: Settings) -> ProfileGate:
+    """The admission's retention gate: the configured model (or none) and the profiles."""
+    from agent.estimator.model import DEFAULT_MODEL_DIR, RetentionModel
+    from agent.estimator.profiles import load_profiles
+
+    e = settings.estimator
+    try:
+        profiles = load_profiles(Path(e.profiles_dir))
+        model = None
+        if e.model_dir != "none":
+            model = RetentionModel.load(
+                DEFAULT_MODEL_DIR if e.model_dir == "default" else Path(e.model_dir)
+            )
+    except ValidationError as exc:
+        raise ConfigError(
+            "estimator.model_dir" if "model" in str(exc.field) else "estimator.profiles_dir",
+            str(exc),
+        ) from exc
+    return ProfileGate(model, profiles)

@@ -297,3 +297,20 @@ async def test_admission_metrics(agent: App) -> None:
     assert 'gpushare_leases{state="admitted"} 1.0' in text
     assert text.count("gpushare_device_memory_committed_bytes{") == 2
     assert "gpushare_stranded_memory_bytes" in text
+
+
+async def test_memory_below_what_mps_can_express_is_invalid(agent: App) -> None:
+    tiny = pb.Request(
+        request_id="tiny",
+        tenant="t",
+        trust_domain="a",
+        priority=pb.GUARANTEED,
+        thread_pct=1,
+        sizing=pb.Sizing(parameters=1, mode="training"),
+    )
+    async with unix(agent) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await pb_grpc.AgentStub(channel).AdmitBatch(pb.AdmitBatchRequest(requests=[tiny]))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "at least 1 MiB" in (info.value.details() or "")
+    assert not agent.node.leases  # type: ignore[union-attr]

@@ -1,0 +1,139 @@
+"""Co-location run records (JSON Lines), read strictly: a bad record names its line and field.
+
+    {"gpu": {"model": "V100-SXM2-16GB", "memory_bytes": 17179869184},
+     "target": {"workload": "resnet50-bs32", "thread_pct": 100, "memory_bytes": 4294967296,
+                "counters": {"gpu_util": 92.0, "mem_util": 41.0, "fb_used_bytes": 3.2e9}},
+     "peers": [{"workload": "lstm-bs64", "thread_pct": 100, "memory_bytes": 2147483648,
+                "counters": {"gpu_util": 55.0, "mem_util": 20.0, "fb_used_bytes": 1.9e9}}],
+     "device_counters": {"gpu_util": 98.0, "mem_util": 60.0, "fb_used_bytes": 5.1e9},
+     "retention": 0.87}
+
+Pure: parses text, does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.core.errors import ValidationError
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    workload: str
+    thread_pct: float
+    memory_bytes: int
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    gpu_model: str
+    gpu_memory_bytes: int
+    target: Workload
+    peers: tuple[Workload, ...] = ()
+    device_counters: Mapping[str, float] | None = None
+    retention: float | None = None
+
+
+def parse_lines(lines: Iterable[str], *, need_retention: bool) -> list[Record]:
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            document = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"line {number}", f"not JSON: {exc.msg}") from exc
+        records.append(parse_record(document, f"line {number}", need_retention=need_retention))
+    return records
+
+
+def parse_record(document: Any, where: str, *, need_retention: bool) -> Record:
+    body = _mapping(document, where)
+    gpu = _mapping(body.get("gpu"), f"{where}: gpu")
+    retention = body.get("retention")
+    if retention is not None or need_retention:
+        retention = _number(retention, f"{where}: retention", low=0.0, high=10.0)
+    peers = body.get("peers", [])
+    if not isinstance(peers, list):
+        raise ValidationError(f"{where}: peers", "must be a list")
+    device = body.get("device_counters")
+    return Record(
+        gpu_model=_text(gpu.get("model"), f"{where}: gpu.model"),
+        gpu_memory_bytes=int(_number(gpu.get("memory_bytes"), f"{where}: gpu.memory_bytes", low=1)),
+        target=_workload(body.get("target"), f"{where}: target"),
+        peers=tuple(_workload(p, f"{where}: peers[{i}]") for i, p in enumerate(peers)),
+        device_counters=None if device is None else _counters(device, f"{where}: device_counters"),
+        retention=retention,
+    )
+
+
+def _workload(value: Any, where: str) -> Workload:
+    body = _mapping(value, where)
+    return Workload(
+        workload=_text(body.get("workload"), f"{where}.workload"),
+        thread_pct=_number(
+            body.get("thread_pct", 100.0), f"{where}.thread_pct", low=0.0, high=100.0
+        ),
+        memory_bytes=int(_number(body.get("memory_bytes", 0), f"{where}.memory_bytes", low=0)),
+        counters=_counters(body.get("counters", {}), f"{where}.counters"),
+    )
+
+
+def _counters(value: Any, where: str) -> dict[str, float]:
+    body = _mapping(value, where)
+    return {str(k): _number(v, f"{where}.{k}") for k, v in body.items()}
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ValidationError(where, "must be an object")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationError(where, "must be a non-empty string")
+    return value
+
+
+def _number(
+    value: Any, where: str, *, low: float | None = None, high: float | None = None
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(where, f"must be a number (got {value!r})")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValidationError(where, "must be finite")
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise ValidationError(where, f"must be within [{low}, {high}] (got {number:g})")
+    return number
+
+
+def to_json(record: Record, **extra: float) -> str:
+    """A record as one JSON line, with ``extra`` fields (predictions) added."""
+
+    def workload(w: Workload) -> dict[str, Any]:
+        return {
+            "workload": w.workload,
+            "thread_pct": w.thread_pct,
+            "memory_bytes": w.memory_bytes,
+            "counters": dict(w.counters),
+        }
+
+    document: dict[str, Any] = {
+        "gpu": {"model": record.gpu_model, "memory_bytes": record.gpu_memory_bytes},
+        "target": workload(record.target),
+        "peers": [workload(p) for p in record.peers],
+    }
+    if record.device_counters is not None:
+        document["device_counters"] = dict(record.device_counters)
+    if record.retention is not None:
+        document["retention"] = record.retention
+    document.update(extra)
+    return json.dumps(document)

@@ -1,0 +1,115 @@
+"""The retention gate (DESIGN section 3): before a request joins an occupied device, predict
+the retention of the request and of every lease already there with the request added, and
+admit only if each prediction meets that workload's floor.
+
+With a model, the prediction is the forest's conservative estimate (``retention_lower``):
+refusing a good placement costs less than admitting one that breaks a floor. Without one,
+the fallback is the utilisation-sum rule: the set keeps ``min(1, 100 / sum of gpu_util)``,
+and every answer says which was used. A workload's counters come from its profile; a lease
+without a known profile is modelled as keeping 80% of its thread share busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.admission.policy import DeviceView
+from agent.core.lease import Lease
+from agent.core.types import AdmissionRequest, RetentionVerdict
+from agent.estimator.model import RetentionModel
+from agent.estimator.profiles import Profile
+from agent.estimator.records import Record, Workload
+
+FALLBACK = "fallback: utilisation-sum rule (no retention model loaded)"
+
+
+def _workload(
+    name: str,
+    profile: str | None,
+    thread_pct: float,
+    memory_bytes: int,
+    profiles: Mapping[str, Profile],
+) -> Workload:
+    known = profiles.get(profile or "")
+    if known is not None:
+        counters = dict(known.counters)
+    else:
+        busy = min(1.0, 0.8 * thread_pct / 100.0)
+        counters = {
+            "sm_active": busy,
+            "dram_active": busy / 3,
+            "gpu_util": min(100.0, busy * 110),
+            "mem_util": busy * 33,
+        }
+    return Workload(name, thread_pct, memory_bytes, counters)
+
+
+class ProfileGate:
+    def __init__(self, model: RetentionModel | None, profiles: Mapping[str, Profile]) -> None:
+        self.model = model
+        self.profiles = profiles
+        self.name = (
+            f"model {model.metadata.get('data_sha256', '?')[:12]} "
+            f"({model.metadata.get('provenance', 'unknown data')})"
+            if model is not None
+            else FALLBACK
+        )
+
+    def floor_of(self, profile: str | None, stated: float | None) -> float | None:
+        if stated:
+            return stated
+        known = self.profiles.get(profile or "")
+        return known.retention_floor if known is not None else None
+
+    def __call__(self, view: DeviceView, request: AdmissionRequest) -> RetentionVerdict:
+        candidate = _workload(
+            "candidate", request.profile, request.thread_pct, request.memory_bytes, self.profiles
+        )
+        members: list[tuple[str, Workload, float | None]] = [
+            ("candidate", candidate, self.floor_of(request.profile, request.retention_floor))
+        ]
+        for lease in view.leases:
+            members.append(
+                (
+                    lease.lease_id,
+                    self._lease_workload(lease),
+                    self.floor_of(lease.profile, lease.retention_floor),
+                )
+            )
+        predictions = self._predict(view, [m[1] for m in members])
+        named = {
+            name: round(value, 4)
+            for (name, _w, _f), value in zip(members, predictions, strict=True)
+        }
+        for (name, _w, floor), value in zip(members, predictions, strict=True):
+            if floor is not None and value < floor:
+                who = "the candidate" if name == "candidate" else f"lease {name}"
+                return RetentionVerdict(
+                    False,
+                    named,
+                    f"{who} would keep {value:.2f} of its "
+                    f"solo speed, under its floor {floor:.2f} ({self.name})",
+                )
+        return RetentionVerdict(True, named, self.name)
+
+    def _lease_workload(self, lease: Lease) -> Workload:
+        return _workload(
+            lease.lease_id, lease.profile, lease.thread_pct, lease.memory_bytes, self.profiles
+        )
+
+    def _predict(self, view: DeviceView, workloads: list[Workload]) -> list[float]:
+        if self.model is None:
+            total = sum(w.counters.get("gpu_util", 0.0) for w in workloads)
+            return [1.0 if total <= 100.0 else 100.0 / total] * len(workloads)
+        device = view.device
+        records = [
+            Record(
+                device.model,
+                device.memory_bytes,
+                target,
+                tuple(w for w in workloads if w is not target),
+            )
+            for target in workloads
+        ]
+        _mean, lower = self.model.predict(records)
+        return lower

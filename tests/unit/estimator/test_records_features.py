@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from agent.core.errors import ValidationError
+from agent.estimator.features import counter_names, feature_names, features, model_class
+from agent.estimator.records import parse_lines, to_json
+
+EXAMPLE = {
+    "gpu": {"model": "V100-SXM2-16GB", "memory_bytes": 17179869184},
+    "target": {
+        "workload": "resnet50-bs32",
+        "thread_pct": 100,
+        "memory_bytes": 4294967296,
+        "counters": {"gpu_util": 92.0, "mem_util": 41.0, "fb_used_bytes": 3.2e9},
+    },
+    "peers": [
+        {
+            "workload": "lstm-bs64",
+            "thread_pct": 100,
+            "memory_bytes": 2147483648,
+            "counters": {"gpu_util": 55.0, "mem_util": 20.0, "fb_used_bytes": 1.9e9},
+        }
+    ],
+    "device_counters": {"gpu_util": 98.0, "mem_util": 60.0, "fb_used_bytes": 5.1e9},
+    "retention": 0.87,
+}
+
+
+def test_the_documented_example_round_trips() -> None:
+    (record,) = parse_lines([json.dumps(EXAMPLE)], need_retention=True)
+    assert record.retention == 0.87 and record.peers[0].workload == "lstm-bs64"
+    assert json.loads(to_json(record)) == {
+        **EXAMPLE,
+        "target": {**EXAMPLE["target"], "thread_pct": 100.0},
+        "peers": [{**EXAMPLE["peers"][0], "thread_pct": 100.0}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda d: d.pop("gpu"), "line 2: gpu"),
+        (lambda d: d["target"].update(thread_pct=150), "line 2: target.thread_pct"),
+        (
+            lambda d: d["target"]["counters"].update(gpu_util="high"),
+            "line 2: target.counters.gpu_util",
+        ),
+        (lambda d: d.pop("retention"), "line 2: retention"),
+        (lambda d: d["peers"][0].pop("workload"), "line 2: peers[0].workload"),
+        (lambda d: d.update(peers={}), "line 2: peers"),
+    ],
+)
+def test_bad_records_name_line_and_field(change: object, where: str) -> None:
+    bad = json.loads(json.dumps(EXAMPLE))
+    change(bad)  # type: ignore[operator]
+    with pytest.raises(ValidationError) as info:
+        parse_lines([json.dumps(EXAMPLE), json.dumps(bad)], need_retention=True)
+    assert info.value.field == where
+
+
+def test_not_json_names_the_line() -> None:
+    with pytest.raises(ValidationError, match="line 3"):
+        parse_lines(["", json.dumps(EXAMPLE), "{oops"], need_retention=False)
+
+
+def test_predict_does_not_need_retention() -> None:
+    record = dict(EXAMPLE)
+    record.pop("retention")
+    assert parse_lines([json.dumps(record)], need_retention=False)[0].retention is None
+
+
+def test_peer_order_does_not_matter_and_missing_counters_read_zero() -> None:
+    three = json.loads(json.dumps(EXAMPLE))
+    three["peers"].append(
+        {"workload": "bert", "thread_pct": 50, "memory_bytes": 1, "counters": {"gpu_util": 70.0}}
+    )
+    swapped = json.loads(json.dumps(three))
+    swapped["peers"].reverse()
+    a, b = parse_lines([json.dumps(three), json.dumps(swapped)], need_retention=True)
+    names = feature_names(*counter_names([a]))
+    assert features(a, names) == features(b, names)
+    values = dict(zip(names, features(a, names), strict=True))
+    assert values["p.count"] == 2 and values["p.sum.gpu_util"] == 125.0
+    assert values["p.max.gpu_util"] == 70.0 and values["p.thread_pct_sum"] == 150.0
+    assert values["p.sum.mem_util"] == 20.0, "a missing counter counts as 0"
+    assert values["dc.gpu_util"] == 98.0 and values["d.class"] == model_class("V100")
+
+
+def test_model_classes_order_generations() -> None:
+    assert model_class("K80") < model_class("V100-SXM2") < model_class("NVIDIA H100 80GB HBM3")
+    assert model_class("mystery") == 0
