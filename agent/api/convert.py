@@ -135,11 +135,14 @@ def decision_to_pb(decision: Decision) -> pb.Decision:
                 fits=a.fits,
                 reason=a.reason.value if a.reason else "",
                 detail=a.detail,
+                predictions=dict(a.predictions),
             )
             for a in decision.attempts
         ],
         preempted_lease_ids=list(decision.preempted_lease_ids),
         preempted_lease_s=decision.preempted_lease_s,
+        predictions=dict(decision.predictions),
+        estimator=decision.estimator,
     )
 
 

@@ -115,6 +115,14 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
 @click.option("--tenant", default="cli", show_default=True)
 @click.option("--trust-domain", default="cli", show_default=True)
 @click.option("--gpu-model", default="", help="Require a device model, e.g. H100.")
+@click.option("--profile", default="", help="The workload's profile (for the retention gate).")
+@click.option(
+    "--floor",
+    "retention_floor",
+    type=float,
+    default=0.0,
+    help="Retention floor to protect (0: none, or the profile's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
 def explain(
@@ -125,6 +133,8 @@ def explain(
     tenant: str,
     trust_domain: str,
     gpu_model: str,
+    profile: str,
+    retention_floor: float,
     as_json: bool,
 ) -> None:
     """Dry-run an admission: would it fit, where, and why each device did or did not."""
@@ -142,6 +152,8 @@ def explain(
             memory_bytes=memory_bytes,
             thread_pct=thread_pct,
             gpu_model=gpu_model,
+            profile=profile,
+            retention_floor=retention_floor,
         )
     )
     answer = _guard(lambda: call(_socket(ctx), "Explain", request))
@@ -151,15 +163,19 @@ def explain(
     d = answer.decision
     verdict = f"ADMIT on {d.device_uuid}" if d.admitted else f"REFUSE {d.reason}"
     click.echo(f"{verdict}: {d.message}")
-    click.echo(
-        table(
-            ["DEVICE", "FITS", "REASON", "DETAIL"],
-            [
-                [a.device_uuid, "yes" if a.fits else "no", a.reason or "-", a.detail]
-                for a in d.attempts
-            ],
-        )
-    )
+    if d.estimator:
+        click.echo(f"retention estimates by {d.estimator}")
+    rows = [
+        [
+            a.device_uuid,
+            "yes" if a.fits else "no",
+            a.reason or "-",
+            a.detail,
+            ", ".join(f"{k}={v:.2f}" for k, v in sorted(a.predictions.items())) or "-",
+        ]
+        for a in d.attempts
+    ]
+    click.echo(table(["DEVICE", "FITS", "REASON", "DETAIL", "PREDICTED RETENTION"], rows))
 
 
 @click.command("size")

@@ -231,12 +231,14 @@ def main() -> None:
 
 def _register_subgroups() -> None:
     from agent.cli import leases
+    from agent.cli.estimator import estimator
     from agent.cli.mps import mps
     from agent.cli.telemetry import telemetry
 
     for command in (
         mps,
         telemetry,
+        estimator,
         leases.leases,
         leases.explain,
         leases.size_command,

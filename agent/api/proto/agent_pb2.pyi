@@ -63,19 +63,35 @@ class Request(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ...) -> None: ...
 
 class DeviceAttempt(_message.Message):
-    __slots__ = ("device_uuid", "fits", "reason", "detail")
+    __slots__ = ("device_uuid", "fits", "reason", "detail", "predictions")
+    class PredictionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     FITS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
     device_uuid: str
     fits: bool
     reason: str
     detail: str
-    def __init__(self, device_uuid: _Optional[str] = ..., fits: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    predictions: _containers.ScalarMap[str, float]
+    def __init__(self, device_uuid: _Optional[str] = ..., fits: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., predictions: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("admitted", "device_uuid", "reason", "message", "attempts", "preempted_lease_ids", "preempted_lease_s")
+    __slots__ = ("admitted", "device_uuid", "reason", "message", "attempts", "preempted_lease_ids", "preempted_lease_s", "predictions", "estimator")
+    class PredictionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +99,8 @@ class Decision(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATOR_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     device_uuid: str
     reason: str
@@ -90,7 +108,9 @@ class Decision(_message.Message):
     attempts: _containers.RepeatedCompositeFieldContainer[DeviceAttempt]
     preempted_lease_ids: _containers.RepeatedScalarFieldContainer[str]
     preempted_lease_s: float
-    def __init__(self, admitted: _Optional[bool] = ..., device_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[DeviceAttempt, _Mapping]]] = ..., preempted_lease_ids: _Optional[_Iterable[str]] = ..., preempted_lease_s: _Optional[float] = ...) -> None: ...
+    predictions: _containers.ScalarMap[str, float]
+    estimator: str
+    def __init__(self, admitted: _Optional[bool] = ..., device_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[DeviceAttempt, _Mapping]]] = ..., preempted_lease_ids: _Optional[_Iterable[str]] = ..., preempted_lease_s: _Optional[float] = ..., predictions: _Optional[_Mapping[str, float]] = ..., estimator: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "request_id", "gang_id", "tenant", "trust_domain", "device_uuid", "device_index", "priority", "memory_bytes", "thread_pct", "state", "created_at", "updated_at", "expires_at", "reason", "profile")

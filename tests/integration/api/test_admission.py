@@ -314,3 +314,47 @@ async def test_memory_below_what_mps_can_express_is_invalid(agent: App) -> None:
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "at least 1 MiB" in (info.value.details() or "")
     assert not agent.node.leases  # type: ignore[union-attr]
+
+
+async def test_retention_gate_over_grpc_names_the_protected_lease(root: Path) -> None:
+    profiles = Path(__file__).parents[3] / "profiles"
+    settings = sim_settings(root, **{"estimator.profiles_dir": str(profiles)})
+    single = Ports(
+        gpu=FakeGpuBackend.with_gpus(1),
+        mps=FakeMpsManager(),
+        telemetry=[FakeTelemetrySource()],
+        simulated=True,
+    )
+
+    def make(
+        request_id: str, priority: int, gib: int, pct: float, profile: str = ""
+    ) -> pb.AdmitRequest:
+        return pb.AdmitRequest(
+            request=pb.Request(
+                request_id=request_id,
+                tenant="t",
+                trust_domain="a",
+                priority=priority,
+                memory_bytes=gib * GIB,
+                thread_pct=pct,
+                profile=profile,
+            )
+        )
+
+    async with running_app(settings, single) as app, unix(app) as channel:
+        stub = pb_grpc.AgentStub(channel)
+        first = await stub.Admit(make("serve", pb.GUARANTEED, 20, 50, "llm-7b-serve"))
+        assert first.decision.admitted  # its profile's floor (0.85) protects it
+        heavy = make("heavy", pb.BURSTABLE, 10, 100)
+        answer = await stub.Explain(heavy)
+        assert answer.decision.reason == "RETENTION_BELOW_FLOOR"
+        detail = answer.decision.attempts[0].detail
+        assert f"lease {first.lease.lease_id}" in detail and "synthetic" in detail
+        predictions = dict(answer.decision.attempts[0].predictions)
+        assert set(predictions) == {"candidate", first.lease.lease_id}
+
+        await stub.Release(pb.ReleaseRequest(lease_id=first.lease.lease_id))
+        second = await stub.Admit(make("etl", pb.BEST_EFFORT, 8, 25, "etl-batch"))  # no floor
+        ok = await stub.Explain(heavy)
+        assert ok.decision.admitted and ok.decision.estimator.startswith("model")
+        assert set(ok.decision.predictions) == {"candidate", second.lease.lease_id}

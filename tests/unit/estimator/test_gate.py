@@ -1,0 +1,99 @@
+"""The retention gate, with the shipped model and with the fallback rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.admission.policy import DeviceView, Rules, decide
+from agent.core.lease import Lease, LeaseState
+from agent.core.types import AdmissionRequest, Device, PriorityClass, ReasonCode
+from agent.core.units import GIB
+from agent.estimator.model import DEFAULT_MODEL_DIR, RetentionModel
+from agent.estimator.profiles import load_profiles
+from agent.runtime.gate import FALLBACK, ProfileGate
+
+PROFILES = load_profiles(Path(__file__).parents[3] / "profiles")
+DEVICE = Device("GPU-0", 0, "A100-SXM4-80GB", 80 * GIB)
+RULES = Rules()
+
+
+def lease(lease_id: str, profile: str, thread_pct: float, floor: float | None = None) -> Lease:
+    return Lease(
+        lease_id,
+        f"r-{lease_id}",
+        "t",
+        "a",
+        "GPU-0",
+        PriorityClass.BURSTABLE,
+        8 * GIB,
+        thread_pct,
+        LeaseState.ADMITTED,
+        0.0,
+        0.0,
+        profile=profile,
+        retention_floor=floor,
+    )
+
+
+def request(
+    profile: str | None, thread_pct: float = 50, floor: float | None = None
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        "new",
+        "t",
+        "a",
+        PriorityClass.BURSTABLE,
+        8 * GIB,
+        thread_pct,
+        profile=profile,
+        retention_floor=floor,
+    )
+
+
+def test_the_shipped_profiles_load() -> None:
+    assert {"resnet50-train", "bert-infer", "llm-7b-serve", "etl-batch"} <= set(PROFILES)
+    assert PROFILES["bert-infer"].retention_floor == 0.9
+
+
+@pytest.mark.parametrize("model", [None, "default"])
+def test_a_protected_lease_under_its_floor_blocks_and_is_named(model: str | None) -> None:
+    gate = ProfileGate(RetentionModel.load(DEFAULT_MODEL_DIR) if model else None, PROFILES)
+    view = DeviceView(DEVICE, (lease("l-serve", "llm-7b-serve", 100, floor=0.99),))
+    verdict = gate(view, request(None, 100))  # no profile: no floor of its own
+    assert not verdict.ok
+    assert "lease l-serve" in verdict.detail and "0.99" in verdict.detail
+    assert set(verdict.predictions) == {"candidate", "l-serve"}
+    decision = decide(request(None, 100), [view], RULES, now=0, gate=gate)
+    assert decision.reason is ReasonCode.RETENTION_BELOW_FLOOR
+    assert decision.attempts[0].predictions == verdict.predictions
+
+
+def test_unprotected_sets_pass_and_the_answer_says_which_estimator() -> None:
+    gate = ProfileGate(None, PROFILES)
+    view = DeviceView(DEVICE, (lease("l-etl", "etl-batch", 25),))
+    decision = decide(request(None, 100), [view], RULES, now=0, gate=gate)
+    assert decision.admitted and decision.estimator == FALLBACK
+    # etl's 30% + an unprofiled full-thread workload's 88% of gpu_util: each keeps 100/118
+    assert decision.predictions["candidate"] == pytest.approx(100 / 118, abs=1e-3)
+
+
+def test_the_candidate_floor_counts_too_and_empty_devices_skip_the_gate() -> None:
+    gate = ProfileGate(None, PROFILES)
+    busy = DeviceView(DEVICE, (lease("l-rn", "resnet50-train", 100),))
+    refused = decide(request("resnet50-train", floor=0.9), [busy], RULES, now=0, gate=gate)
+    assert refused.reason is ReasonCode.RETENTION_BELOW_FLOOR
+    assert "the candidate" in refused.attempts[0].detail
+    empty = decide(
+        request("resnet50-train", floor=0.99), [DeviceView(DEVICE)], RULES, now=0, gate=gate
+    )
+    assert empty.admitted and not empty.predictions
+
+
+def test_the_model_predicts_light_neighbours_keep_more_than_heavy_ones() -> None:
+    gate = ProfileGate(RetentionModel.load(DEFAULT_MODEL_DIR), PROFILES)
+    protected = DeviceView(DEVICE, (lease("l-bert", "bert-infer", 25),))
+    light = gate(protected, request("etl-batch", 25)).predictions["l-bert"]
+    heavy = gate(protected, request("llm-7b-serve", 100)).predictions["l-bert"]
+    assert 0.0 <= heavy < light <= 1.1
