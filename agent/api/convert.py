@@ -84,6 +84,7 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
         stranded_memory_bytes=snapshot.stranded_memory_bytes,
         stranded_thread_pct=snapshot.stranded_thread_pct,
         last_event_seq=snapshot.last_event_seq,
+        retention_estimates=dict(snapshot.retention_estimates),
     )
 
 
@@ -120,6 +121,7 @@ def lease_to_pb(lease: Lease, device_index: int = 0) -> pb.Lease:
         expires_at=lease.expires_at or 0.0,
         reason=lease.reason,
         profile=lease.profile or "",
+        retention_floor=lease.retention_floor or 0.0,
     )
 
 

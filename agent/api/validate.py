@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 from agent.admission.sizing import Mode, SizingSpec, size
 from agent.api.proto import agent_pb2 as pb
@@ -68,7 +69,23 @@ def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
         profile=identifier(message.profile, f"{field}.profile", required=False) or None,
         retention_floor=floor or None,
         gpu_model=text(message.gpu_model, f"{field}.gpu_model") or None,
+        counters=counters(message.counters, f"{field}.counters"),
     )
+
+
+MAX_COUNTERS = 64
+
+
+def counters(values: Mapping[str, float], field: str) -> dict[str, float]:
+    if len(values) > MAX_COUNTERS:
+        raise ValidationError(field, f"holds more than {MAX_COUNTERS} counters")
+    result = {}
+    for name, value in values.items():
+        identifier(name, f"{field} name")
+        if not math.isfinite(value) or value < 0 or value > 1e15:
+            raise ValidationError(f"{field}.{name}", f"must be a finite number >= 0 (got {value})")
+        result[name] = float(value)
+    return result
 
 
 def memory(message: pb.Request, field: str) -> int:

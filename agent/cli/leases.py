@@ -65,12 +65,26 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
             format_bytes(x.memory_bytes),
             f"{x.thread_pct:g}%",
             x.gang_id or "-",
+            f"{node.retention_estimates[x.lease_id]:.2f}"
+            if x.lease_id in node.retention_estimates
+            else "-",
         ]
         for x in node.leases
     ]
     click.echo(
         table(
-            ["LEASE", "STATE", "DEV", "TENANT", "TRUST", "PRIORITY", "MEMORY", "THREADS", "GANG"],
+            [
+                "LEASE",
+                "STATE",
+                "DEV",
+                "TENANT",
+                "TRUST",
+                "PRIORITY",
+                "MEMORY",
+                "THREADS",
+                "GANG",
+                "EST. RETENTION",
+            ],
             rows,
         )
         if rows
@@ -163,7 +177,7 @@ def explain(
     d = answer.decision
     verdict = f"ADMIT on {d.device_uuid}" if d.admitted else f"REFUSE {d.reason}"
     click.echo(f"{verdict}: {d.message}")
-    if d.estimator:
+    if d.estimator and any(a.predictions for a in d.attempts):
         click.echo(f"retention estimates by {d.estimator}")
     rows = [
         [

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from agent.core.errors import LeaseTransitionError
 from agent.core.types import PriorityClass
@@ -75,6 +76,7 @@ class Lease:
     client_pids: tuple[int, ...] = ()
     reason: str = ""
     gang_id: str | None = None
+    counters: Mapping[str, float] = field(default_factory=dict)  # solo counters, inline
 
 
 def can_transition(current: LeaseState, target: LeaseState) -> bool:

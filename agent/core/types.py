@@ -103,6 +103,7 @@ class AdmissionRequest:
     profile: str | None = None
     retention_floor: float | None = None
     gpu_model: str | None = None
+    counters: Mapping[str, float] = field(default_factory=dict)  # solo counters, inline
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,4 +275,5 @@ class NodeSnapshot:
     stranded_memory_bytes: int = 0
     stranded_thread_pct: float = 0.0
     last_event_seq: int = 0
+    retention_estimates: Mapping[str, float] = field(default_factory=dict)
     admission: AdmissionStats = field(default_factory=AdmissionStats)

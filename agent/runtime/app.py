@@ -324,7 +324,16 @@ class App:
             stranded_thread_pct=stranded_pct,
             last_event_seq=self.events.last_seq,
             admission=node.admission_stats() if node else AdmissionStats(),
+            retention_estimates=self._estimates(),
         )
+
+    def _estimates(self) -> dict[str, float]:
+        if self.node is None:
+            return {}
+        estimates: dict[str, float] = {}
+        for view in self.node.views():
+            estimates.update(self.gate.estimate(view))
+        return estimates
 
     def _stale(self) -> list[str]:
         if self.sampler is None:

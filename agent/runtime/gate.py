@@ -5,8 +5,8 @@ admit only if each prediction meets that workload's floor.
 With a model, the prediction is the forest's conservative estimate (``retention_lower``):
 refusing a good placement costs less than admitting one that breaks a floor. Without one,
 the fallback is the utilisation-sum rule: the set keeps ``min(1, 100 / sum of gpu_util)``,
-and every answer says which was used. A workload's counters come from its profile; a lease
-without a known profile is modelled as keeping 80% of its thread share busy.
+and every answer says which was used. A workload's counters are those sent with the request,
+else its profile's; without either it is modelled as keeping 80% of its thread share busy.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ def _workload(
     thread_pct: float,
     memory_bytes: int,
     profiles: Mapping[str, Profile],
+    inline: Mapping[str, float],
 ) -> Workload:
     known = profiles.get(profile or "")
-    if known is not None:
+    if inline:
+        counters = dict(inline)
+    elif known is not None:
         counters = dict(known.counters)
     else:
         busy = min(1.0, 0.8 * thread_pct / 100.0)
@@ -63,7 +66,12 @@ class ProfileGate:
 
     def __call__(self, view: DeviceView, request: AdmissionRequest) -> RetentionVerdict:
         candidate = _workload(
-            "candidate", request.profile, request.thread_pct, request.memory_bytes, self.profiles
+            "candidate",
+            request.profile,
+            request.thread_pct,
+            request.memory_bytes,
+            self.profiles,
+            request.counters,
         )
         members: list[tuple[str, Workload, float | None]] = [
             ("candidate", candidate, self.floor_of(request.profile, request.retention_floor))
@@ -94,8 +102,21 @@ class ProfileGate:
 
     def _lease_workload(self, lease: Lease) -> Workload:
         return _workload(
-            lease.lease_id, lease.profile, lease.thread_pct, lease.memory_bytes, self.profiles
+            lease.lease_id,
+            lease.profile,
+            lease.thread_pct,
+            lease.memory_bytes,
+            self.profiles,
+            lease.counters,
         )
+
+    def estimate(self, view: DeviceView) -> dict[str, float]:
+        """Each lease's estimated retention next to the others on its device, now."""
+        if len(view.leases) < 2:
+            return {lease.lease_id: 1.0 for lease in view.leases}
+        workloads = [self._lease_workload(lease) for lease in view.leases]
+        values = self._predict(view, workloads)
+        return {lease.lease_id: round(v, 4) for lease, v in zip(view.leases, values, strict=True)}
 
     def _predict(self, view: DeviceView, workloads: list[Workload]) -> list[float]:
         if self.model is None:

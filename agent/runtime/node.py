@@ -264,6 +264,7 @@ class NodeService(LeaseTransitions):
             ready_deadline_at=now + self._ready_deadline_s,
             expires_at=now + (ttl_s or self._ttl_s) if reserved else None,
             gang_id=gang_id,
+            counters=dict(request.counters),
         )
 
     def _preempt(self, decision: Decision, now: float) -> list[Lease]:

@@ -59,6 +59,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE heartbeat (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL);
     """,
+    # 4: a lease's inline solo counters (for the retention gate)
+    """
+    ALTER TABLE leases ADD COLUMN counters TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 
 

@@ -44,6 +44,7 @@ LEASE_COLUMNS = (
     "expires_at",
     "client_pids",
     "reason",
+    "counters",
 )
 LIVE_STATES = tuple(s.value for s in LeaseState if s.holds_capacity)
 
@@ -251,6 +252,7 @@ def _lease_row(lease: Lease) -> tuple[Any, ...]:
         lease.expires_at,
         json.dumps(list(lease.client_pids)),
         lease.reason,
+        json.dumps(dict(lease.counters)),
     )
 
 
@@ -259,6 +261,7 @@ def _lease(row: tuple[Any, ...]) -> Lease:
     values["priority"] = PriorityClass(values["priority"])
     values["state"] = LeaseState(values["state"])
     values["client_pids"] = tuple(json.loads(values["client_pids"]))
+    values["counters"] = json.loads(values["counters"])
     return Lease(**values)
 
 

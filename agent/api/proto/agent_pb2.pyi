@@ -39,7 +39,14 @@ class Sizing(_message.Message):
     def __init__(self, parameters: _Optional[int] = ..., mode: _Optional[str] = ..., dtype: _Optional[str] = ..., layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., concurrent_sequences: _Optional[int] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model")
+    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TRUST_DOMAIN_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +57,7 @@ class Request(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FLOOR_FIELD_NUMBER: _ClassVar[int]
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     trust_domain: str
@@ -60,7 +68,8 @@ class Request(_message.Message):
     profile: str
     retention_floor: float
     gpu_model: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ...) -> None: ...
+    counters: _containers.ScalarMap[str, float]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class DeviceAttempt(_message.Message):
     __slots__ = ("device_uuid", "fits", "reason", "detail", "predictions")
@@ -113,7 +122,7 @@ class Decision(_message.Message):
     def __init__(self, admitted: _Optional[bool] = ..., device_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[DeviceAttempt, _Mapping]]] = ..., preempted_lease_ids: _Optional[_Iterable[str]] = ..., preempted_lease_s: _Optional[float] = ..., predictions: _Optional[_Mapping[str, float]] = ..., estimator: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "request_id", "gang_id", "tenant", "trust_domain", "device_uuid", "device_index", "priority", "memory_bytes", "thread_pct", "state", "created_at", "updated_at", "expires_at", "reason", "profile")
+    __slots__ = ("lease_id", "request_id", "gang_id", "tenant", "trust_domain", "device_uuid", "device_index", "priority", "memory_bytes", "thread_pct", "state", "created_at", "updated_at", "expires_at", "reason", "profile", "retention_floor")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GANG_ID_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +139,7 @@ class Lease(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FLOOR_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request_id: str
     gang_id: str
@@ -146,7 +156,8 @@ class Lease(_message.Message):
     expires_at: float
     reason: str
     profile: str
-    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., device_uuid: _Optional[str] = ..., device_index: _Optional[int] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., thread_pct: _Optional[float] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., reason: _Optional[str] = ..., profile: _Optional[str] = ...) -> None: ...
+    retention_floor: float
+    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., device_uuid: _Optional[str] = ..., device_index: _Optional[int] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., thread_pct: _Optional[float] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., reason: _Optional[str] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("host_path", "container_path")
@@ -418,7 +429,14 @@ class Window(_message.Message):
     def __init__(self, device_uuid: _Optional[str] = ..., start_at: _Optional[float] = ..., window_s: _Optional[float] = ..., sample_count: _Optional[int] = ..., mean: _Optional[_Mapping[str, float]] = ..., max: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetNodeResponse(_message.Message):
-    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct", "last_event_seq")
+    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct", "last_event_seq", "retention_estimates")
+    class RetentionEstimatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -434,6 +452,7 @@ class GetNodeResponse(_message.Message):
     STRANDED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     STRANDED_THREAD_PCT_FIELD_NUMBER: _ClassVar[int]
     LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_ESTIMATES_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     simulated: bool
     agent_version: str
@@ -449,4 +468,5 @@ class GetNodeResponse(_message.Message):
     stranded_memory_bytes: int
     stranded_thread_pct: float
     last_event_seq: int
-    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ..., last_event_seq: _Optional[int] = ...) -> None: ...
+    retention_estimates: _containers.ScalarMap[str, float]
+    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ..., last_event_seq: _Optional[int] = ..., retention_estimates: _Optional[_Mapping[str, float]] = ...) -> None: ...

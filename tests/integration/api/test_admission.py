@@ -358,3 +358,49 @@ async def test_retention_gate_over_grpc_names_the_protected_lease(root: Path) ->
         ok = await stub.Explain(heavy)
         assert ok.decision.admitted and ok.decision.estimator.startswith("model")
         assert set(ok.decision.predictions) == {"candidate", second.lease.lease_id}
+
+
+async def test_inline_counters_drive_the_gate_and_estimates_show_in_get_node(root: Path) -> None:
+    settings = sim_settings(root, **{"estimator.model_dir": "none"})  # the stated fallback
+    single = Ports(
+        gpu=FakeGpuBackend.with_gpus(1),
+        mps=FakeMpsManager(),
+        telemetry=[FakeTelemetrySource()],
+        simulated=True,
+    )
+
+    def make(request_id: str, util: float, floor: float = 0.0) -> pb.AdmitRequest:
+        return pb.AdmitRequest(
+            request=pb.Request(
+                request_id=request_id,
+                tenant="t",
+                trust_domain="a",
+                priority=pb.BURSTABLE,
+                memory_bytes=4 * GIB,
+                thread_pct=50,
+                retention_floor=floor,
+                counters={"gpu_util": util, "sm_active": util / 100},
+            )
+        )
+
+    async with running_app(settings, single) as app, unix(app) as channel:
+        stub = pb_grpc.AgentStub(channel)
+        first = await stub.Admit(make("a", 60, floor=0.7))
+        second = await stub.Admit(make("b", 20))  # 60 + 20 <= 100: both keep everything
+        assert second.decision.admitted
+        assert dict(second.decision.predictions) == {"candidate": 1.0, first.lease.lease_id: 1.0}
+        third = await stub.Admit(make("c", 50))  # 130% in all: 0.77, still above 0.7
+        assert third.decision.admitted
+        refused = await stub.Admit(make("d", 40))  # 170%: 0.59 < 0.7 for lease a
+        assert refused.decision.reason == "RETENTION_BELOW_FLOOR"
+        assert first.lease.lease_id in refused.decision.attempts[0].detail
+        node = await stub.GetNode(pb.GetNodeRequest())
+        estimates = dict(node.retention_estimates)
+        assert estimates[first.lease.lease_id] == pytest.approx(100 / 130, abs=1e-3)
+        assert len(estimates) == 3
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async with running_app(settings, single) as app, unix(app) as channel:
+            bad = make("e", 10)
+            bad.request.counters["bad name"] = 1.0
+            await pb_grpc.AgentStub(channel).Admit(bad)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
