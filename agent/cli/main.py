@@ -233,10 +233,12 @@ def _register_subgroups() -> None:
     from agent.cli import leases
     from agent.cli.estimator import estimator
     from agent.cli.mps import mps
+    from agent.cli.profile import profile
     from agent.cli.telemetry import telemetry
 
     for command in (
         mps,
+        profile,
         telemetry,
         estimator,
         leases.leases,

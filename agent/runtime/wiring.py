@@ -6,9 +6,11 @@ starts and stops what is built.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.admission.capacity import StandardSize
 from agent.admission.policy import Placement, Rules
@@ -27,6 +29,7 @@ from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from agent.runtime import checks
 from agent.runtime.events import EventLog
 from agent.runtime.gate import ProfileGate
+from agent.runtime.profiler import Profiler
 from agent.sim.contention import Load, device_counters
 from agent.state.port import StateStore
 from agent.state.sqlite import SqliteStateStore
@@ -200,3 +203,35 @@ def retention_gate(settings: Settings) -> ProfileGate:
             str(exc),
         ) from exc
     return ProfileGate(model, profiles)
+
+
+async def start_profiler(
+    settings: Settings, *, device_index: int, duration_s: float, warmup_s: float, events: EventLog
+) -> tuple[Profiler, Callable[[], Any]]:
+    """A Profiler on one device with its own MPS daemon (under ``<runtime_dir>/profile-mps``),
+    and the coroutine function that stops everything it started."""
+    ports = build_ports(settings, events)
+    await ports.gpu.start()
+    devices = {d.index: d for d in await ports.gpu.list_devices() if d.parent_uuid is None}
+    if device_index not in devices:
+        await ports.gpu.aclose()
+        raise ConfigError("--device", f"no whole GPU with index {device_index} on this node")
+    device = devices[device_index]
+    profile_settings = dataclasses.replace(
+        settings,
+        mps=dataclasses.replace(settings.mps, root_dir=f"{settings.paths.runtime_dir}/profile-mps"),
+    )
+    manager = build_mps_manager(profile_settings, ports.gpu, events)
+    assert isinstance(manager, SupervisedMpsManager)
+    await manager.start([device])
+    supervisor = manager.supervisor(device.uuid)
+    telemetry = ports.telemetry[-1] if settings.sim.enabled else ports.telemetry[0]
+    await telemetry.start()
+
+    async def stop() -> None:
+        await manager.aclose()
+        await telemetry.aclose()
+        await ports.gpu.aclose()
+
+    profiler = Profiler(device, supervisor, telemetry, duration_s=duration_s, warmup_s=warmup_s)
+    return profiler, stop
