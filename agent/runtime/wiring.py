@@ -225,7 +225,7 @@ async def start_profiler(
     assert isinstance(manager, SupervisedMpsManager)
     await manager.start([device])
     supervisor = manager.supervisor(device.uuid)
-    telemetry = ports.telemetry[-1] if settings.sim.enabled else ports.telemetry[0]
+    telemetry = ports.telemetry[-1]  # the last candidate: NVML on a GPU node (always there)
     await telemetry.start()
 
     async def stop() -> None:
