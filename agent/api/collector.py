@@ -97,6 +97,12 @@ class AgentCollector(Collector):
         )
         stranded.add_metric([], snapshot.stranded_memory_bytes)
         yield stranded
+        ineffective = GaugeMetricFamily(
+            "gpushare_ineffective_occupancy_ratio",
+            "W: share of the node's device memory held by admitted leases not yet ready.",
+        )
+        ineffective.add_metric([], snapshot.ineffective_ratio)
+        yield ineffective
         stranded_threads = GaugeMetricFamily(
             "gpushare_stranded_threads_pct", "Free thread budget no standard request can use."
         )

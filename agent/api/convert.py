@@ -85,6 +85,7 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
         stranded_thread_pct=snapshot.stranded_thread_pct,
         last_event_seq=snapshot.last_event_seq,
         retention_estimates=dict(snapshot.retention_estimates),
+        ineffective_ratio=snapshot.ineffective_ratio,
     )
 
 

@@ -204,6 +204,20 @@ class AdmissionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadinessSettings:
+    deadline_s: float = _setting(
+        600.0, "Seconds an admitted lease has for a client to appear on its device.", min=0.1
+    )
+    policy: str = _setting(
+        "report",
+        "What happens to a lease still not ready at its deadline: 'report' (an event, the "
+        "lease stays) or 'reclaim' (the lease becomes ineffective; its capacity is freed).",
+        choices=("report", "reclaim"),
+    )
+    interval_s: float = _setting(2.0, "Seconds between two readiness checks.", min=0.05)
+
+
+@dataclass(frozen=True, slots=True)
 class EstimatorSettings:
     model_dir: str = _setting(
         "default",
@@ -251,6 +265,7 @@ class Settings:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
+    readiness: ReadinessSettings = field(default_factory=ReadinessSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 

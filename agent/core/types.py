@@ -276,4 +276,5 @@ class NodeSnapshot:
     stranded_thread_pct: float = 0.0
     last_event_seq: int = 0
     retention_estimates: Mapping[str, float] = field(default_factory=dict)
+    ineffective_ratio: float = 0.0  # W: memory held by admitted, not-ready leases / node memory
     admission: AdmissionStats = field(default_factory=AdmissionStats)

@@ -31,6 +31,7 @@ from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
 from agent.runtime.lock import InstanceLock
 from agent.runtime.node import NodeService
+from agent.runtime.readiness import ReadinessWatcher, ineffective_ratio
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, reap_children
 from agent.runtime.tasks import Supervisor
@@ -230,10 +231,22 @@ class App:
             mps_states=self.ports.mps.states,
             clock=self._clock,
             reservation_ttl_s=self.settings.admission.reservation_ttl_s,
+            ready_deadline_s=self.settings.readiness.deadline_s,
             gate=self.gate,
         )
         await self.node.load()
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
+        r = self.settings.readiness
+        watcher = ReadinessWatcher(
+            self.node,
+            gpu=self.ports.gpu,
+            mps_states=self.ports.mps.states,
+            events=self.events,
+            clock=self._clock,
+            policy=r.policy,
+            interval_s=r.interval_s,
+        )
+        self.supervisor.spawn("readiness", watcher.run())
         counters = getattr(self.telemetry, "counters", None)
         if isinstance(counters, SimCounters):
             node = self.node
@@ -325,6 +338,9 @@ class App:
             last_event_seq=self.events.last_seq,
             admission=node.admission_stats() if node else AdmissionStats(),
             retention_estimates=self._estimates(),
+            ineffective_ratio=ineffective_ratio(list(node.leases.values()), self.devices)
+            if node
+            else 0.0,
         )
 
     def _estimates(self) -> dict[str, float]:

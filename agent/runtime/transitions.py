@@ -8,6 +8,7 @@ what is already done answers the same, so a client may retry them safely.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -59,6 +60,30 @@ class LeaseTransitions:
             raise NotFoundError(f"no live lease {lease_id!r}")
         (released,) = await self._move([lease], LeaseState.RELEASED, "released by the caller")
         return released
+
+    async def mark_ready(self, lease: Lease, client_pids: list[int]) -> Lease:
+        """A client of the lease appeared on its device."""
+        now = self._clock()
+        async with self._lock:
+            current = self.leases.get(lease.lease_id, lease)
+            ready = transition(
+                current, LeaseState.READY, at=now, reason=f"client {client_pids[0]} connected"
+            )
+            ready = dataclasses.replace(ready, client_pids=tuple(client_pids))
+            self._remember(ready)
+        try:
+            await asyncio.shield(self._store.commit([ready], [self._lease_event(ready)]))
+        except StateError:
+            self._remember(current)
+            raise
+        return ready
+
+    async def mark_ineffective(self, lease: Lease) -> Lease:
+        """Never ready by its deadline: the lease ends and its capacity is freed."""
+        (ended,) = await self._move(
+            [lease], LeaseState.INEFFECTIVE, "no client appeared before the readiness deadline"
+        )
+        return ended
 
     def _members(self, gang_id: str) -> list[Lease]:
         return [lease for lease in self.leases.values() if lease.gang_id == gang_id]

@@ -1,0 +1,82 @@
+"""Readiness with real processes: a client carrying the lease marker in its environment
+makes its lease ready; a lease whose client never comes becomes ineffective; W follows."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.api.proto import agent_pb2 as pb
+from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.core.types import GpuProcess
+from agent.core.units import GIB
+from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
+from agent.mps.fake import FakeMpsManager
+from agent.runtime.app import Ports
+from agent.runtime.readiness import lease_marker
+from tests.helpers import running_app, short_dir, sim_settings
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with short_dir() as path:
+        yield path
+
+
+def test_the_marker_is_read_from_the_process_environment() -> None:
+    with subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_LEASE_ID": "l-abc"}) as p:
+        try:
+            assert lease_marker(p.pid) == "l-abc"
+        finally:
+            p.kill()
+    assert lease_marker(os.getpid()) is None
+    assert lease_marker(2**22 + 12345) is None  # no such process
+
+
+async def test_ready_ineffective_and_w(root: Path) -> None:
+    gpu = FakeGpuBackend.with_gpus(1)
+    ports = Ports(gpu=gpu, mps=FakeMpsManager(), telemetry=[FakeTelemetrySource()], simulated=True)
+    settings = sim_settings(
+        root,
+        **{"readiness.deadline_s": 0.6, "readiness.policy": "reclaim", "readiness.interval_s": 0.1},
+    )
+    async with running_app(settings, ports) as app:
+        device = app.devices[0]
+        async with grpc.aio.insecure_channel(f"unix:{settings.unix_socket_path}") as channel:
+            stub = pb_grpc.AgentStub(channel)
+            leases = []
+            for request_id in ("comes", "never"):
+                answer = await stub.Admit(
+                    pb.AdmitRequest(
+                        request=pb.Request(
+                            request_id=request_id,
+                            tenant="t",
+                            trust_domain="a",
+                            priority=pb.BURSTABLE,
+                            memory_bytes=20 * GIB,
+                            thread_pct=25,
+                        )
+                    )
+                )
+                leases.append(answer)
+            w_before = (await stub.GetNode(pb.GetNodeRequest())).ineffective_ratio
+            assert w_before == pytest.approx(40 / 80)
+            env = {**os.environ, **dict(leases[0].env)}
+            with subprocess.Popen(["sleep", "30"], env=env) as client:
+                try:
+                    gpu.process_table[device.uuid] = [GpuProcess(client.pid, 1 * GIB, mps=True)]
+                    await asyncio.sleep(1.2)
+                    node = await stub.GetNode(pb.GetNodeRequest())
+                finally:
+                    client.kill()
+        states = {x.request_id: x.state for x in node.leases}
+        assert states == {"comes": "ready"}, "the other one was reclaimed"
+        kinds = [e.kind for e in app.events.since(0)]
+        assert "lease.ready" in kinds and "lease.ineffective" in kinds
+        assert node.ineffective_ratio == 0.0
