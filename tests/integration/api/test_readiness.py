@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,11 @@ def root() -> Iterator[Path]:
 def test_the_marker_is_read_from_the_process_environment() -> None:
     with subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_LEASE_ID": "l-abc"}) as p:
         try:
+            # until exec, /proc shows the environment of the forked parent: wait for it
+            for _ in range(100):
+                if lease_marker(p.pid) is not None:
+                    break
+                time.sleep(0.01)
             assert lease_marker(p.pid) == "l-abc"
         finally:
             p.kill()
@@ -44,7 +50,7 @@ async def test_ready_ineffective_and_w(root: Path) -> None:
     ports = Ports(gpu=gpu, mps=FakeMpsManager(), telemetry=[FakeTelemetrySource()], simulated=True)
     settings = sim_settings(
         root,
-        **{"readiness.deadline_s": 0.6, "readiness.policy": "reclaim", "readiness.interval_s": 0.1},
+        **{"readiness.deadline_s": 1.0, "readiness.policy": "reclaim", "readiness.interval_s": 0.1},
     )
     async with running_app(settings, ports) as app:
         device = app.devices[0]
@@ -71,7 +77,7 @@ async def test_ready_ineffective_and_w(root: Path) -> None:
             with subprocess.Popen(["sleep", "30"], env=env) as client:
                 try:
                     gpu.process_table[device.uuid] = [GpuProcess(client.pid, 1 * GIB, mps=True)]
-                    await asyncio.sleep(1.2)
+                    await asyncio.sleep(2.0)
                     node = await stub.GetNode(pb.GetNodeRequest())
                 finally:
                     client.kill()
