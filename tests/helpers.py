@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -66,3 +67,27 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO)
     return env
+
+
+def spawn_agent(root: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``gpushare serve --sim`` in ``root`` as a real process, logging to ``root/agent.log``
+    (a pipe nobody reads would fill up and stall it)."""
+    with open(root / "agent.log", "ab") as log:
+        return subprocess.Popen(
+            agent_command(
+                "--socket",
+                str(root / "agent.sock"),
+                "serve",
+                "--sim",
+                "--http-listen",
+                "",
+                "--set",
+                f"paths.runtime_dir={root}",
+                "--set",
+                f"paths.state_dir={root}/state",
+                *extra,
+            ),
+            env=subprocess_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )

@@ -98,9 +98,6 @@ class Sampler:
         windows = (self._windows[d.uuid].latest() for d in self._devices)
         return [w for w in windows if w is not None]
 
-    def history(self, device_uuid: str) -> list[WindowSample]:
-        return self._windows[device_uuid].history()
-
     def stale_devices(self, *, stale_after_s: float) -> list[str]:
         """UUIDs of devices with no sample newer than ``stale_after_s``."""
         now = self._clock()

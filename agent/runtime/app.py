@@ -250,6 +250,7 @@ class App:
         counters = getattr(self.telemetry, "counters", None)
         if isinstance(counters, SimCounters):
             node = self.node
+            counters.signature = self.gate.lease_counters
             counters.leases = lambda uuid: [
                 x for x in node.leases.values() if x.device_uuid == uuid
             ]

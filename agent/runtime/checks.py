@@ -69,14 +69,19 @@ def check_tcp_listen(settings: Settings) -> None:
         )
 
 
+def setting_bytes(key: str, text: str) -> int:
+    """A size setting (``10GiB``) in bytes; a ConfigError names ``key``."""
+    try:
+        return parse_bytes(text)
+    except GpushareError as exc:
+        raise ConfigError(key, str(exc)) from exc
+
+
 def memory_limit_bytes(settings: Settings) -> int | None:
     text = settings.mps.default_memory_limit
     if not text:
         return None
-    try:
-        value = parse_bytes(text)
-    except GpushareError as exc:
-        raise ConfigError("mps.default_memory_limit", str(exc)) from exc
+    value = setting_bytes("mps.default_memory_limit", text)
     if value < 2**20:
         raise ConfigError("mps.default_memory_limit", "must be at least 1MiB")
     return value

@@ -31,20 +31,31 @@ def _workload(
     profiles: Mapping[str, Profile],
     inline: Mapping[str, float],
 ) -> Workload:
-    known = profiles.get(profile or "")
+    return Workload(
+        name, thread_pct, memory_bytes, solo_counters(profile, thread_pct, profiles, inline)
+    )
+
+
+def solo_counters(
+    profile: str | None,
+    thread_pct: float,
+    profiles: Mapping[str, Profile],
+    inline: Mapping[str, float],
+) -> dict[str, float]:
+    """A workload's solo signature: sent inline, else its profile's, else a default that
+    keeps 80% of its thread share of the SMs busy and a third of that on the memory bus."""
     if inline:
-        counters = dict(inline)
-    elif known is not None:
-        counters = dict(known.counters)
-    else:
-        busy = min(1.0, 0.8 * thread_pct / 100.0)
-        counters = {
-            "sm_active": busy,
-            "dram_active": busy / 3,
-            "gpu_util": min(100.0, busy * 110),
-            "mem_util": busy * 33,
-        }
-    return Workload(name, thread_pct, memory_bytes, counters)
+        return dict(inline)
+    known = profiles.get(profile or "")
+    if known is not None:
+        return dict(known.counters)
+    busy = min(1.0, 0.8 * thread_pct / 100.0)
+    return {
+        "sm_active": busy,
+        "dram_active": busy / 3,
+        "gpu_util": min(100.0, busy * 110),
+        "mem_util": busy * 33,
+    }
 
 
 class ProfileGate:
@@ -109,6 +120,9 @@ class ProfileGate:
             self.profiles,
             lease.counters,
         )
+
+    def lease_counters(self, lease: Lease) -> dict[str, float]:
+        return solo_counters(lease.profile, lease.thread_pct, self.profiles, lease.counters)
 
     def estimate(self, view: DeviceView) -> dict[str, float]:
         """Each lease's estimated retention next to the others on its device, now."""

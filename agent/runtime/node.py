@@ -356,8 +356,3 @@ class NodeService(LeaseTransitions):
         if device_uuid not in self.devices:
             raise NotFoundError(f"no device {device_uuid!r} on this node")
         return [device_uuid]
-
-    def committed(self, device_uuid: str) -> tuple[int, float, int]:
-        """(memory bytes, thread %, lease count) held on a device."""
-        held = [lease for lease in self.leases.values() if lease.device_uuid == device_uuid]
-        return (sum(x.memory_bytes for x in held), sum(x.thread_pct for x in held), len(held))

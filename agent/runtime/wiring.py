@@ -15,10 +15,9 @@ from typing import Any
 from agent.admission.capacity import StandardSize
 from agent.admission.policy import Placement, Rules
 from agent.config import Settings
-from agent.core.errors import ConfigError, GpushareError, ValidationError
+from agent.core.errors import ConfigError, ValidationError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device
-from agent.core.units import parse_bytes
 from agent.gpu.exporter import ExporterTelemetry
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.gpu.port import GpuBackend, TelemetrySource
@@ -87,33 +86,26 @@ def build_telemetry(settings: Settings) -> list[TelemetrySource]:
 
 
 class SimCounters:
-    """Counters of a simulated device: the contention model over the leases it holds.
-
-    A lease without a known profile is modelled as keeping 80% of its thread share of the
-    SMs busy and a third of that on the memory bus; with nothing placed the device is idle.
-    """
+    """Counters of a simulated device: the contention model over the leases it holds, each
+    with its solo signature (inline counters, its profile's, or the gate's default). With
+    nothing placed the device is idle. The App connects ``leases`` and ``signature``."""
 
     def __init__(self) -> None:
         self.leases: Callable[[str], list[Lease]] = lambda _uuid: []
+        self.signature: Callable[[Lease], Mapping[str, float]] = lambda _lease: {}
 
     def __call__(self, device: Device, _now: float) -> dict[str, float]:
-        return device_counters(
-            [
-                _load(lease)
-                for lease in self.leases(device.uuid)
-                if lease.state is not LeaseState.RESERVED
-            ]
-        )
-
-
-def _load(lease: Lease) -> Load:
-    busy = min(1.0, 0.8 * lease.thread_pct / 100.0)
-    return Load(
-        {"sm_active": busy, "dram_active": busy / 3},
-        thread_pct=lease.thread_pct,
-        memory_bytes=lease.memory_bytes,
-        name=lease.lease_id,
-    )
+        loads = [
+            Load(
+                self.signature(x),
+                thread_pct=x.thread_pct,
+                memory_bytes=x.memory_bytes,
+                name=x.lease_id,
+            )
+            for x in self.leases(device.uuid)
+            if x.state is not LeaseState.RESERVED
+        ]
+        return device_counters(loads)
 
 
 def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:
@@ -150,8 +142,10 @@ def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> 
 def admission_rules(settings: Settings) -> Rules:
     a = settings.admission
     return Rules(
-        reserve_bytes=_bytes("admission.memory_reserve", a.memory_reserve),
-        context_overhead_bytes=_bytes("admission.context_overhead", a.context_overhead),
+        reserve_bytes=checks.setting_bytes("admission.memory_reserve", a.memory_reserve),
+        context_overhead_bytes=checks.setting_bytes(
+            "admission.context_overhead", a.context_overhead
+        ),
         thread_budget_pct=a.thread_budget_pct,
         guaranteed_budget_pct=a.guaranteed_budget_pct,
         max_clients=a.max_clients,
@@ -165,7 +159,7 @@ def standard_sizes(settings: Settings) -> list[StandardSize]:
     for item in settings.admission.standard_sizes.split(","):
         memory, sep, threads = item.strip().partition("/")
         try:
-            sizes.append(StandardSize(_bytes(key, memory), float(threads)))
+            sizes.append(StandardSize(checks.setting_bytes(key, memory), float(threads)))
         except ValueError:
             raise ConfigError(
                 key, f"each size is MEMORY/THREADS, e.g. 10GiB/12.5 ({item!r})"
@@ -175,13 +169,6 @@ def standard_sizes(settings: Settings) -> list[StandardSize]:
                 key, f"each size is MEMORY/THREADS, e.g. 10GiB/12.5 ({item!r})"
             ) from None
     return sizes
-
-
-def _bytes(key: str, text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except GpushareError as exc:
-        raise ConfigError(key, str(exc)) from exc
 
 
 def retention_gate(settings: Settings) -> ProfileGate:

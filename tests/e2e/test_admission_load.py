@@ -20,7 +20,7 @@ import pytest
 
 from agent.client import AgentClient, Priority
 from agent.core.units import GIB
-from tests.helpers import agent_command, short_dir, subprocess_env
+from tests.helpers import short_dir, spawn_agent
 
 SOAK_S = float(os.environ.get("GPUSHARE_SOAK_S", "5"))
 RESERVE = 1 * GIB
@@ -34,31 +34,7 @@ def root() -> Iterator[Path]:
 
 
 def start(root: Path) -> subprocess.Popen[bytes]:
-    """The daemon, logging to a file (a pipe nobody reads would fill up and stall it)."""
-    with open(root / "agent.log", "ab") as log:
-        return _spawn(root, log)
-
-
-def _spawn(root: Path, log: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        agent_command(
-            "--socket",
-            str(root / "agent.sock"),
-            "serve",
-            "--sim",
-            "--http-listen",
-            "",
-            "--set",
-            f"paths.runtime_dir={root}",
-            "--set",
-            f"paths.state_dir={root}/state",
-            "--set",
-            "mps.probe_interval_s=60",
-        ),
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=log,  # type: ignore[arg-type]
-    )
+    return spawn_agent(root, "--set", "mps.probe_interval_s=60")
 
 
 async def ready(target: str) -> None:

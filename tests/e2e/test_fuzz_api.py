@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
-from tests.helpers import agent_command, short_dir, subprocess_env
+from tests.helpers import short_dir, spawn_agent
 
 TOKEN = "fuzz-token-0123456789abcdef"
 ALLOWED = {
@@ -35,28 +35,9 @@ EXAMPLES = settings(
 def agent() -> Iterator[tuple[pb_grpc.AgentStub, pb_grpc.AgentStub, subprocess.Popen[bytes]]]:
     with short_dir() as root:
         (root / "token").write_text(TOKEN)
-        with open(root / "agent.log", "ab") as log:
-            process = subprocess.Popen(
-                agent_command(
-                    "--socket",
-                    str(root / "agent.sock"),
-                    "serve",
-                    "--sim",
-                    "--http-listen",
-                    "",
-                    "--tcp-listen",
-                    "127.0.0.1:0",
-                    "--set",
-                    f"api.token_file={root / 'token'}",
-                    "--set",
-                    f"paths.runtime_dir={root}",
-                    "--set",
-                    f"paths.state_dir={root}/state",
-                ),
-                env=subprocess_env(),
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
+        process = spawn_agent(
+            root, "--tcp-listen", "127.0.0.1:0", "--set", f"api.token_file={root / 'token'}"
+        )
         unix = grpc.insecure_channel(f"unix:{root / 'agent.sock'}")
         stub = pb_grpc.AgentStub(unix)
         for _ in range(150):

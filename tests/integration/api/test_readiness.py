@@ -86,3 +86,40 @@ async def test_ready_ineffective_and_w(root: Path) -> None:
         kinds = [e.kind for e in app.events.since(0)]
         assert "lease.ready" in kinds and "lease.ineffective" in kinds
         assert node.ineffective_ratio == 0.0
+
+
+async def test_simulated_counters_follow_the_leases_and_their_signatures(root: Path) -> None:
+    from agent.runtime.wiring import SimCounters
+
+    counters = SimCounters()
+    ports = Ports(
+        gpu=FakeGpuBackend.with_gpus(1),
+        mps=FakeMpsManager(),
+        telemetry=[FakeTelemetrySource(counters)],
+        simulated=True,
+    )
+    settings = sim_settings(
+        root, **{"telemetry.sample_interval_s": 0.05, "telemetry.window_s": 0.2}
+    )
+    async with running_app(settings, ports) as app:
+        device = app.devices[0]
+        assert counters(device, 0.0)["sm_active"] == 0.0, "idle with nothing placed"
+        async with grpc.aio.insecure_channel(f"unix:{settings.unix_socket_path}") as channel:
+            await pb_grpc.AgentStub(channel).Admit(
+                pb.AdmitRequest(
+                    request=pb.Request(
+                        request_id="busy",
+                        tenant="t",
+                        trust_domain="a",
+                        priority=pb.BURSTABLE,
+                        memory_bytes=6 * GIB,
+                        thread_pct=100,
+                        counters={"sm_active": 0.6, "dram_active": 0.2},
+                    )
+                )
+            )
+        now = counters(device, 0.0)
+        assert now["sm_active"] == pytest.approx(0.6) and now["fb_used_bytes"] == 6 * GIB
+        await asyncio.sleep(0.5)
+        windows = {w.device_uuid: w for w in app.sampler.latest_windows()}  # type: ignore[union-attr]
+        assert windows[device.uuid].mean["sm_active"] == pytest.approx(0.6)
