@@ -32,6 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import psutil  # noqa: E402
+
 from agent.client import AgentClient, Priority  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
@@ -128,11 +130,25 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def measure(target: str, seconds: float) -> dict[str, float]:
+def server_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+async def measure(target: str, seconds: float, pid: int) -> dict[str, float]:
     result: dict[str, float] = {}
     for callers in (1, 8, 64):
+        cpu_before = server_cpu_s(pid)
         noop = await run_callers(target, callers, seconds, "ping")
+        cpu_between = server_cpu_s(pid)
         admit = await run_callers(target, callers, seconds, "admit")
+        cpu_after = server_cpu_s(pid)
+        result[f"server_cpu_ms_per_noop_{callers}"] = (
+            1000 * (cpu_between - cpu_before) / max(1, len(noop))
+        )
+        result[f"server_cpu_ms_per_admit_release_{callers}"] = (
+            1000 * (cpu_after - cpu_between) / max(1, len(admit))
+        )
         result[f"noop_p50_ms_{callers}"] = pct(noop, 0.5)
         result[f"admit_p50_ms_{callers}"] = pct(admit, 0.5)
         result[f"admit_p99_ms_{callers}"] = pct(admit, 0.99)
@@ -160,7 +176,7 @@ def main() -> None:
         try:
             target = f"127.0.0.1:{port}"
             asyncio.run(wait_ready(target))
-            result = asyncio.run(measure(target, args.seconds))
+            result = asyncio.run(measure(target, args.seconds, process.pid))
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=30)
@@ -175,6 +191,10 @@ def main() -> None:
             f"{result[f'admits_per_s_{callers}']:>9.0f} {result[f'noops_per_s_{callers}']:>8.0f}"
         )
     print(f"p50 ratio (admit / no-op, 1 caller): {result['p50_ratio']:.2f} (target <= 1.5)")
+    print(
+        f"agent CPU at 64 callers: {result['server_cpu_ms_per_noop_64']:.2f} ms per no-op, "
+        f"{result['server_cpu_ms_per_admit_release_64']:.2f} ms per admit + release"
+    )
     print(json.dumps({"sync": args.sync, **{k: round(v, 3) for k, v in result.items()}}))
 
 

@@ -163,8 +163,8 @@ def decide(
     gate: RetentionGate | None = None,
 ) -> Decision:
     """Admit onto the best device by the placement rule, preempt if allowed, or refuse."""
-    attempts = tuple(check(view, request, rules, gate) for view in views)
-    fitting = [(v, a) for v, a in zip(views, attempts, strict=True) if a.fits]
+    attempts = _attempts_in_fit_order(request, views, rules, gate)
+    fitting = [(v, a) for v, a in zip(views, attempts, strict=True) if a.fits and a.checked]
     estimator = gate.name if gate is not None else ""
     if fitting:
         chosen, attempt = min(fitting, key=lambda pair: _fit_key(pair[0], request, rules))
@@ -181,6 +181,38 @@ def decide(
         if plan is not None:
             return plan.decision(attempts)
     return refusal(attempts)
+
+
+def _attempts_in_fit_order(
+    request: AdmissionRequest,
+    views: Sequence[DeviceView],
+    rules: Rules,
+    gate: RetentionGate | None,
+) -> tuple[DeviceAttempt, ...]:
+    """Every device's attempt, in the views' order. The retention gate (the costly check)
+    runs on the devices that pass the rules in placement order and stops at the first it
+    accepts: the devices after it are marked as passing the rules, not gated."""
+    attempts: dict[int, DeviceAttempt] = {}
+    passing: list[int] = []
+    for at, view in enumerate(views):
+        refused = check(view, request, rules, gate=None)
+        if refused.fits:
+            passing.append(at)
+        attempts[at] = refused
+    passing.sort(key=lambda at: _fit_key(views[at], request, rules))
+    for position, at in enumerate(passing):
+        attempt = check(views[at], request, rules, gate)
+        attempts[at] = attempt
+        if attempt.fits:
+            for later in passing[position + 1 :]:
+                attempts[later] = DeviceAttempt(
+                    views[later].device.uuid,
+                    fits=True,
+                    checked=False,
+                    detail="passes the rules; a better-fitting device was chosen first",
+                )
+            break
+    return tuple(attempts[at] for at in range(len(views)))
 
 
 def refusal(attempts: Sequence[DeviceAttempt]) -> Decision:

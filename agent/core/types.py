@@ -110,13 +110,16 @@ class AdmissionRequest:
 class DeviceAttempt:
     """Why one device did or did not take a request; part of every explanation.
     ``predictions``: estimated retention of the candidate (``"candidate"``) and of each
-    current lease (by id) if the request joined this device."""
+    current lease (by id) if the request joined this device. ``checked`` is False for a
+    device that passed the rules but was not put to the retention gate because a
+    better-fitting device was accepted first."""
 
     device_uuid: str
     fits: bool
     reason: ReasonCode | None = None
     detail: str = ""
     predictions: Mapping[str, float] = field(default_factory=dict)
+    checked: bool = True
 
 
 @dataclass(frozen=True, slots=True)

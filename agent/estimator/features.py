@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from agent.estimator.records import Record
+import numpy as np
+import numpy.typing as npt
+
+from agent.estimator.records import Record, Workload
 
 FEATURE_VERSION = 1
 GIB = 1024**3
@@ -86,3 +89,56 @@ def _values(record: Record) -> dict[str, float]:
     for name, value in (record.device_counters or {}).items():
         values[f"dc.{name}"] = value
     return values
+
+
+def set_features(
+    gpu_model: str,
+    gpu_memory_bytes: int,
+    workloads: Sequence[Workload],
+    names: Sequence[str],
+) -> npt.NDArray[np.float64]:
+    """The feature rows of every workload of a set next to all the others, in O(n) per
+    counter: the same values as ``features`` of each leave-one-out record, without building
+    n records of n - 1 peers."""
+    count = len(workloads)
+    counters = sorted({c for w in workloads for c in w.counters})
+    own = np.full((count, len(counters)), np.nan)
+    for row, workload in enumerate(workloads):
+        for column, name in enumerate(counters):
+            value = workload.counters.get(name)
+            if value is not None:
+                own[row, column] = value
+    present = ~np.isnan(own)
+    filled = np.where(present, own, 0.0)
+    peer_sum = filled.sum(axis=0) - filled
+    peer_max = _max_of_others(np.where(present, own, -np.inf))
+    threads = np.asarray([w.thread_pct for w in workloads], dtype=np.float64)
+    memory = np.asarray([float(w.memory_bytes) for w in workloads], dtype=np.float64)
+    columns: dict[str, npt.NDArray[np.float64]] = {
+        "t.thread_pct": threads,
+        "p.count": np.full(count, float(count - 1)),
+        "p.thread_pct_sum": threads.sum() - threads,
+        "p.memory_frac_sum": (memory.sum() - memory) / gpu_memory_bytes,
+        "d.memory_gib": np.full(count, gpu_memory_bytes / GIB),
+        "d.class": np.full(count, model_class(gpu_model)),
+    }
+    for column, name in enumerate(counters):
+        columns[f"t.{name}"] = filled[:, column]
+        columns[f"p.sum.{name}"] = peer_sum[:, column]
+        columns[f"p.max.{name}"] = np.where(
+            np.isfinite(peer_max[:, column]), peer_max[:, column], 0.0
+        )
+    zeros = np.zeros(count)
+    return np.stack([columns.get(name, zeros) for name in names], axis=1)
+
+
+def _max_of_others(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """For each row, the column-wise maximum over all other rows (-inf when none)."""
+    if values.shape[0] < 2:
+        return np.full_like(values, -np.inf)
+    order = np.argsort(-values, axis=0, kind="stable")
+    first = np.take_along_axis(values, order[:1], axis=0)[0]
+    second = np.take_along_axis(values, order[1:2], axis=0)[0]
+    is_top = order[0][None, :] == np.arange(values.shape[0])[:, None]
+    others: npt.NDArray[np.float64] = np.where(is_top, second[None, :], first[None, :])
+    return others

@@ -18,7 +18,7 @@ from agent.core.lease import Lease
 from agent.core.types import AdmissionRequest, RetentionVerdict
 from agent.estimator.model import RetentionModel
 from agent.estimator.profiles import Profile
-from agent.estimator.records import Record, Workload
+from agent.estimator.records import Workload
 
 FALLBACK = "fallback: utilisation-sum rule (no retention model loaded)"
 
@@ -137,14 +137,5 @@ class ProfileGate:
             total = sum(w.counters.get("gpu_util", 0.0) for w in workloads)
             return [1.0 if total <= 100.0 else 100.0 / total] * len(workloads)
         device = view.device
-        records = [
-            Record(
-                device.model,
-                device.memory_bytes,
-                target,
-                tuple(w for w in workloads if w is not target),
-            )
-            for target in workloads
-        ]
-        _mean, lower = self.model.predict(records)
+        _mean, lower = self.model.predict_set(device.model, device.memory_bytes, workloads)
         return lower

@@ -9,7 +9,14 @@ import pytest
 from agent.admission.capacity import StandardSize, place_batch, stranded
 from agent.admission.policy import DeviceView, Placement, Rules, check, decide
 from agent.core.lease import Lease, LeaseState
-from agent.core.types import AdmissionRequest, Device, PriorityClass, ReasonCode, SharingMode
+from agent.core.types import (
+    AdmissionRequest,
+    Device,
+    PriorityClass,
+    ReasonCode,
+    RetentionVerdict,
+    SharingMode,
+)
 from agent.core.units import GIB
 
 G, B, BE = PriorityClass.GUARANTEED, PriorityClass.BURSTABLE, PriorityClass.BEST_EFFORT
@@ -145,6 +152,48 @@ def test_placement(placement: Placement, expected: str) -> None:
     assert decision.admitted and decision.device_uuid == expected
     assert len(decision.attempts) == 4
     assert not next(a for a in decision.attempts if a.device_uuid == "GPU-3").fits
+
+
+class RefusingGate:
+    """A retention gate that refuses the listed devices and records what it was asked."""
+
+    name = "test gate"
+
+    def __init__(self, *refused: str) -> None:
+        self.refused = set(refused)
+        self.asked: list[str] = []
+
+    def __call__(self, view: DeviceView, request: AdmissionRequest) -> RetentionVerdict:
+        self.asked.append(view.device.uuid)
+        ok = view.device.uuid not in self.refused
+        return RetentionVerdict(ok, {"candidate": 1.0 if ok else 0.1}, "" if ok else "too slow")
+
+
+@pytest.mark.parametrize(
+    ("refused", "asked", "chosen"),
+    [
+        ((), ["GPU-2"], "GPU-2"),  # the best fit passes: nobody else is gated
+        (("GPU-2",), ["GPU-2", "GPU-0"], "GPU-0"),  # then the next best fit
+        (("GPU-2", "GPU-0", "GPU-1"), ["GPU-2", "GPU-0", "GPU-1"], None),
+    ],
+)
+def test_the_gate_runs_in_placement_order_and_stops_at_the_first_it_accepts(
+    refused: tuple[str, ...], asked: list[str], chosen: str | None
+) -> None:
+    gate = RefusingGate(*refused)
+    decision = decide(request(10), views_with_free(20, 60, 12, 8), RULES, now=0, gate=gate)
+    assert gate.asked == asked
+    assert decision.device_uuid == chosen
+    by_device = {a.device_uuid: a for a in decision.attempts}
+    assert [a.device_uuid for a in decision.attempts] == ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
+    for uuid in ("GPU-0", "GPU-1", "GPU-2"):
+        attempt = by_device[uuid]
+        assert attempt.checked == (uuid in asked)
+        assert attempt.fits == (uuid not in refused)
+        if not attempt.checked:
+            assert "better-fitting device" in attempt.detail
+    if chosen is None:
+        assert decision.reason is ReasonCode.NO_MEMORY  # GPU-3: the most useful reason
 
 
 def test_refusal_names_the_most_useful_reason_and_lists_every_device() -> None:
