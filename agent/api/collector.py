@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeMetricFamily,
+    CounterMetricFamily, GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
@@ -117,6 +117,23 @@ class AgentCollector(Collector):
         )
         info.add_metric([__version__, str(snapshot.simulated).lower(), snapshot.node_name], 1)
         yield info
+        actions = CounterMetricFamily(
+            "gpushare_control_actions",
+            "Actions of the control loops, by kind: janitor (terminate, report-unknown, "
+            "release, fail-device, memory-violation) and degradation (degrade, evict, recover).",
+            labels=["kind"],
+        )
+        for kind, count in sorted(snapshot.control_actions.items()):
+            actions.add_metric([kind], count)
+        yield actions
+        degraded = GaugeMetricFamily(
+            "gpushare_device_degraded",
+            "1 while the w-window rule holds the device degraded (closed to new leases).",
+            labels=["device"],
+        )
+        for d in snapshot.devices:
+            degraded.add_metric([d.uuid], 1.0 if d.uuid in snapshot.degraded_devices else 0.0)
+        yield degraded
 
     def _devices(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
         memory = GaugeMetricFamily(

@@ -218,6 +218,44 @@ class ReadinessSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class JanitorSettings:
+    interval_s: float = _setting(10.0, "Seconds between two janitor passes.", min=0.05)
+    unknown_clients: str = _setting(
+        "report",
+        "MPS clients that belong to no lease: 'report' (an event once) or 'terminate' "
+        "(terminate_client).",
+        choices=("report", "terminate"),
+    )
+    exit_grace_s: float = _setting(
+        60.0,
+        "Seconds after a ready lease's last process exited before the lease is released.",
+        min=0.0,
+    )
+    memory_policy: str = _setting(
+        "report",
+        "A lease whose processes use more device memory than its limit: 'report' (a "
+        "violation event and metric) or 'enforce' (its clients are terminated too).",
+        choices=("report", "enforce"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DegradationSettings:
+    windows: int = _setting(
+        3, "w: consecutive windows under floor that degrade a device (and above, recover).", min=1
+    )
+    margin: float = _setting(
+        0.05, "Hysteresis: recovery needs every protected lease at floor + margin.", min=0.0
+    )
+    cooldown_windows: int = _setting(
+        3, "Windows to wait after an eviction before the next one.", min=0
+    )
+    evict: bool = _setting(
+        True, "Evict the youngest best-effort lease of a degraded device (never guaranteed)."
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class EstimatorSettings:
     model_dir: str = _setting(
         "default",
@@ -266,6 +304,8 @@ class Settings:
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     estimator: EstimatorSettings = field(default_factory=EstimatorSettings)
     readiness: ReadinessSettings = field(default_factory=ReadinessSettings)
+    janitor: JanitorSettings = field(default_factory=JanitorSettings)
+    degradation: DegradationSettings = field(default_factory=DegradationSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 

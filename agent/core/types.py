@@ -281,3 +281,5 @@ class NodeSnapshot:
     retention_estimates: Mapping[str, float] = field(default_factory=dict)
     ineffective_ratio: float = 0.0  # W: memory held by admitted, not-ready leases / node memory
     admission: AdmissionStats = field(default_factory=AdmissionStats)
+    control_actions: Mapping[str, int] = field(default_factory=dict)  # janitor, degradation
+    degraded_devices: tuple[str, ...] = ()

@@ -152,6 +152,9 @@ class MpsControlClient:
         command = cmd.terminate_client(server_pid, client_pid)
         cmd.parse_terminate_reply(await self._channel.execute(command.text))
 
+    async def shutdown_server(self, server_pid: int, *, force: bool = False) -> None:
+        await self.run(cmd.shutdown_server(server_pid, force=force))
+
     async def ps(self) -> list[cmd.PsRow]:
         return cmd.parse_ps(await self._channel.execute(cmd.ps().text))
 

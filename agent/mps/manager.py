@@ -105,3 +105,26 @@ class SupervisedMpsManager:
 
     def supervisor(self, device_uuid: str) -> DaemonSupervisor:
         return self.supervisors[device_uuid]
+
+    async def terminate_client(self, device_uuid: str, server_pid: int, client_pid: int) -> None:
+        supervisor = self._supervisor_of(device_uuid)
+        await supervisor.client.terminate_client(server_pid, client_pid)
+        supervisor.emit(
+            "mps.client_terminated",
+            f"client {client_pid} of server {server_pid} terminated",
+            client_pid=str(client_pid),
+            server_pid=str(server_pid),
+        )
+
+    async def shutdown_server(self, device_uuid: str, server_pid: int) -> None:
+        supervisor = self._supervisor_of(device_uuid)
+        await supervisor.client.shutdown_server(server_pid, force=True)
+        supervisor.emit(
+            "mps.server_shutdown", f"server {server_pid} shut down", server_pid=str(server_pid)
+        )
+
+    def _supervisor_of(self, device_uuid: str) -> DaemonSupervisor:
+        supervisor = self.supervisors.get(device_uuid)
+        if supervisor is None or not supervisor.up:
+            raise MpsError(f"no running MPS daemon for device {device_uuid}")
+        return supervisor

@@ -23,6 +23,14 @@ class MpsManager(Protocol):
 
     def states(self) -> list[MpsDaemonState]: ...
 
+    async def terminate_client(self, device_uuid: str, server_pid: int, client_pid: int) -> None:
+        """Have the device's daemon end one client's context (``terminate_client``)."""
+        ...
+
+    async def shutdown_server(self, device_uuid: str, server_pid: int) -> None:
+        """Shut one MPS server of the device down, so a faulted server can start afresh."""
+        ...
+
 
 class ControlChannel(Protocol):
     """Sends one command line to one control daemon and returns its answer (stdout).

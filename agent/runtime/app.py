@@ -27,17 +27,17 @@ from agent.core.types import AdmissionStats, Device, DeviceLedger, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.runtime import checks
+from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
 from agent.runtime.lock import InstanceLock
 from agent.runtime.node import NodeService
-from agent.runtime.readiness import ReadinessWatcher, ineffective_ratio
+from agent.runtime.readiness import ineffective_ratio
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, reap_children
 from agent.runtime.tasks import Supervisor
 from agent.runtime.wiring import (
     Ports,
-    SimCounters,
     admission_rules,
     build_ports,
     retention_gate,
@@ -71,6 +71,7 @@ class App:
         self._clock = clock
         self.devices: list[Device] = []
         self.node: NodeService | None = None
+        self.control: ControlLoops | None = None
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
         self.supervisor = Supervisor()
@@ -88,7 +89,9 @@ class App:
         self._shutdown = ShutdownPlan(grace_s=settings.runtime.shutdown_grace_s)
 
     def _grpc_servers(self, settings: Settings) -> list[GrpcServer]:
-        facade = NodeFacade(self.snapshot, lambda: self.node)
+        facade = NodeFacade(
+            self.snapshot, lambda: self.node, lambda: self.control.janitor if self.control else None
+        )
         api = settings.api
 
         def service(*, admin: bool) -> AgentService:
@@ -236,24 +239,18 @@ class App:
         )
         await self.node.load()
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
-        r = self.settings.readiness
-        watcher = ReadinessWatcher(
+        assert self.sampler is not None
+        self.control = build_control(
+            self.settings,
             self.node,
-            gpu=self.ports.gpu,
-            mps_states=self.ports.mps.states,
+            ports=self.ports,
             events=self.events,
+            gate=self.gate,
+            sampler=self.sampler,
             clock=self._clock,
-            policy=r.policy,
-            interval_s=r.interval_s,
         )
-        self.supervisor.spawn("readiness", watcher.run())
-        counters = getattr(self.telemetry, "counters", None)
-        if isinstance(counters, SimCounters):
-            node = self.node
-            counters.signature = self.gate.lease_counters
-            counters.leases = lambda uuid: [
-                x for x in node.leases.values() if x.device_uuid == uuid
-            ]
+        self.control.spawn(self.supervisor)
+        connect_sim_counters(self.telemetry, self.node, self.gate)
 
     async def _select_telemetry(self, devices: list[Device]) -> TelemetrySource:
         """The first candidate that starts and reads; else the last one, to recover later."""
@@ -342,6 +339,8 @@ class App:
             ineffective_ratio=ineffective_ratio(list(node.leases.values()), self.devices)
             if node
             else 0.0,
+            control_actions=dict(self.control.actions) if self.control else {},
+            degraded_devices=tuple(self.control.degradation.degraded()) if self.control else (),
         )
 
     def _estimates(self) -> dict[str, float]:

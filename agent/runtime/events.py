@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 class EventLog:
     def __init__(self, *, capacity: int = 10_000, clock: Callable[[], float] = time.time) -> None:
+        self.listeners: list[Callable[[Event], None]] = []  # called with each published event
         self._events: deque[Event] = deque(maxlen=capacity)
         self._seq = 0
         self._clock = clock
@@ -87,9 +88,10 @@ class EventLog:
         attrs: Mapping[str, str] | None = None,
     ) -> None:
         """Publish an event that the persister writes to the store shortly."""
-        self._unsaved.append(
-            self.make(kind, message, device_uuid=device_uuid, lease_id=lease_id, attrs=attrs)
-        )
+        event = self.make(kind, message, device_uuid=device_uuid, lease_id=lease_id, attrs=attrs)
+        self._unsaved.append(event)
+        for listener in self.listeners:
+            listener(event)
 
     def since(self, seq: int = 0) -> list[Event]:
         return [e for e in self._events if e.seq > seq]

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease
 from agent.core.types import AdmissionRequest, AdmitResult, NodeSnapshot
+from agent.runtime.janitor import Janitor
 from agent.runtime.node import NodeService
 
 
@@ -14,10 +15,14 @@ class NodeFacade:
     """Implements ``agent.api.ports.NodeApi``; the service exists once the node started."""
 
     def __init__(
-        self, snapshot: Callable[[], NodeSnapshot], service: Callable[[], NodeService | None]
+        self,
+        snapshot: Callable[[], NodeSnapshot],
+        service: Callable[[], NodeService | None],
+        janitor: Callable[[], Janitor | None] = lambda: None,
     ) -> None:
         self.snapshot = snapshot
         self._service = service
+        self._janitor = janitor
 
     @property
     def _node(self) -> NodeService:
@@ -57,4 +62,7 @@ class NodeFacade:
         return await self._node.undrain(device_uuid or None)
 
     async def clear_stale(self, *, dry_run: bool) -> list[str]:
-        return await self._node.clear_stale(dry_run=dry_run)
+        janitor = self._janitor()
+        if janitor is None:
+            return await self._node.clear_stale(dry_run=dry_run)
+        return await janitor.pass_once(dry_run=dry_run)

@@ -132,6 +132,18 @@ class ProfileGate:
         values = self._predict(view, workloads)
         return {lease.lease_id: round(v, 4) for lease, v in zip(view.leases, values, strict=True)}
 
+    def estimate_live(self, view: DeviceView, measured: Mapping[str, float]) -> dict[str, float]:
+        """Each lease's estimated retention from the device's live window counters: load
+        the leases' signatures do not explain (measured busy above what they declare) joins
+        the set as one more peer, ``unattributed``."""
+        workloads = [self._lease_workload(lease) for lease in view.leases]
+        extra = unattributed(workloads, measured)
+        members = workloads + ([extra] if extra is not None else [])
+        if len(members) < 2:
+            return {lease.lease_id: 1.0 for lease in view.leases}
+        values = self._predict(view, members)
+        return {lease.lease_id: round(v, 4) for lease, v in zip(view.leases, values, strict=False)}
+
     def _predict(self, view: DeviceView, workloads: list[Workload]) -> list[float]:
         if self.model is None:
             total = sum(w.counters.get("gpu_util", 0.0) for w in workloads)
@@ -139,3 +151,32 @@ class ProfileGate:
         device = view.device
         _mean, lower = self.model.predict_set(device.model, device.memory_bytes, workloads)
         return lower
+
+
+UNATTRIBUTED_MIN = 0.02  # measured busy above the declared sum that counts as interference
+
+
+def _busy(counters: Mapping[str, float], thread_pct: float = 100.0) -> tuple[float, float]:
+    sm = counters.get("sm_active", counters.get("gpu_util", 0.0) / 100.0)
+    dram = counters.get("dram_active", counters.get("mem_util", 0.0) / 100.0)
+    return min(float(sm), thread_pct / 100.0, 1.0), min(float(dram), 1.0)
+
+
+def unattributed(workloads: list[Workload], measured: Mapping[str, float]) -> Workload | None:
+    """The load a device shows beyond what its workloads' solo signatures add up to (capped
+    at a full device), as a workload; None when the signatures explain what is measured."""
+    declared = [_busy(w.counters, w.thread_pct) for w in workloads]
+    sm_expected = min(1.0, sum(d[0] for d in declared))
+    dram_expected = min(1.0, sum(d[1] for d in declared))
+    sm_now, dram_now = _busy(measured)
+    sm_extra = max(0.0, sm_now - sm_expected)
+    dram_extra = max(0.0, dram_now - dram_expected)
+    if sm_extra < UNATTRIBUTED_MIN and dram_extra < UNATTRIBUTED_MIN:
+        return None
+    counters = {
+        "sm_active": sm_extra,
+        "dram_active": dram_extra,
+        "gpu_util": min(100.0, 110.0 * sm_extra),
+        "mem_util": 100.0 * dram_extra,
+    }
+    return Workload("unattributed", 100.0 * sm_extra, 0, counters)

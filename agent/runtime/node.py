@@ -74,6 +74,7 @@ class NodeService(LeaseTransitions):
         self.leases: dict[str, Lease] = {}
         self._by_request: dict[str, str] = {}
         self.drained: dict[str, str] = {}
+        self._closures: dict[str, dict[str, tuple[ReasonCode, str]]] = {}
         self._ended: OrderedDict[str, Lease] = OrderedDict()
         self._expired_gangs: set[str] = set()
         self._inflight: dict[str, asyncio.Future[None]] = {}
@@ -123,10 +124,19 @@ class NodeService(LeaseTransitions):
             return ReasonCode.STORE_UNAVAILABLE, "the state store cannot write: failing closed"
         if device.uuid in self.drained:
             return ReasonCode.DRAINING, f"drained: {self.drained[device.uuid]}"
+        for reason, detail in self._closures.get(device.uuid, {}).values():
+            return reason, detail
         if device.sharing_mode is SharingMode.MPS and (daemon is None or not daemon.up):
             why = daemon.detail if daemon is not None else "no daemon"
             return ReasonCode.DEVICE_UNAVAILABLE, f"MPS control daemon is down ({why})"
         return None, ""
+
+    def close(self, device_uuid: str, source: str, reason: ReasonCode, detail: str) -> None:
+        """Close a device to new leases on behalf of a control loop (``source``)."""
+        self._closures.setdefault(device_uuid, {})[source] = (reason, detail)
+
+    def reopen(self, device_uuid: str, source: str) -> None:
+        self._closures.get(device_uuid, {}).pop(source, None)
 
     def stranded(self) -> Stranded:
         return stranded(self.views(), self.rules, self._sizes)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from agent.core.errors import ConflictError, NotFoundError, StateError
-from agent.core.lease import Lease, LeaseState, transition
+from agent.core.lease import ALLOWED_TRANSITIONS, Lease, LeaseState, transition
 from agent.core.types import Event
 from agent.state.port import StateStore
 
@@ -50,6 +50,15 @@ class LeaseTransitions:
                 self._remember(lease)
             raise
         return moved
+
+    async def end_leases(
+        self, lease_ids: Sequence[str], target: LeaseState, reason: str
+    ) -> list[Lease]:
+        """End those of ``lease_ids`` still live (the control loops' way: released, failed,
+        evicted); ones that ended meanwhile are left as they are."""
+        live = [self.leases[i] for i in lease_ids if i in self.leases]
+        live = [x for x in live if target in ALLOWED_TRANSITIONS[x.state]]
+        return await self._move(live, target, reason) if live else []
 
     async def release(self, lease_id: str) -> Lease:
         lease = self.leases.get(lease_id)

@@ -1,0 +1,230 @@
+"""What is stale on a node's MPS daemons, and what to do about it. Pure: facts in, actions out.
+
+The janitor gathers the facts (MPS client lists, process states, lease markers, faults) and
+applies the actions; this module only decides, so every rule is tested with tables:
+
+- a client PID still listed by MPS whose process is gone or a zombie: ``terminate_client``,
+  once (a PID already terminated is never asked for again);
+- a client that belongs to no live lease: reported once, or terminated (policy);
+- a ready lease whose processes have all exited, for longer than the grace period:
+  released;
+- a device whose server hit a fatal fault (``server.log``) or an Xid: its leases fail, its
+  remaining clients are terminated and its servers shut down, so MPS can start afresh;
+- a lease whose processes use more device memory than its limit: a violation, reported
+  once while it lasts, and under policy ``enforce`` its clients are terminated.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agent.core.lease import Lease, LeaseState
+from agent.core.types import MpsDaemonState
+from agent.core.units import format_bytes
+
+
+class ProcessState(enum.StrEnum):
+    ALIVE = "alive"
+    ZOMBIE = "zombie"
+    GONE = "gone"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFact:
+    state: ProcessState
+    lease_id: str | None = None  # from the lease marker in its environment or cgroup
+
+
+class ActionKind(enum.StrEnum):
+    TERMINATE = "terminate"
+    REPORT_UNKNOWN = "report-unknown"
+    RELEASE = "release"
+    FAIL_DEVICE = "fail-device"
+    MEMORY_VIOLATION = "memory-violation"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: ActionKind
+    description: str
+    device_uuid: str | None = None
+    lease_ids: tuple[str, ...] = ()
+    clients: tuple[tuple[int, int], ...] = ()  # (server PID, client PID)
+    server_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    now: float
+    daemons: Sequence[MpsDaemonState]
+    leases: Sequence[Lease]
+    processes: Mapping[int, ProcessFact]
+    faults: Mapping[str, str] = field(default_factory=dict)  # device -> what happened
+    memory_used: Mapping[str, int] = field(default_factory=dict)  # lease -> bytes (NVML)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What the janitor carries from one pass to the next."""
+
+    terminated: frozenset[tuple[str, int]] = frozenset()  # (device, client PID)
+    reported: frozenset[int] = frozenset()  # unknown client PIDs already reported
+    exited_since: Mapping[str, float] = field(default_factory=dict)  # lease -> first seen
+    violating: frozenset[str] = frozenset()  # leases over their memory limit
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    unknown_clients: str = "report"  # or "terminate"
+    exit_grace_s: float = 60.0
+    memory: str = "report"  # or "enforce"
+
+
+def plan(facts: Facts, memory: Memory, policy: Policy) -> tuple[list[Action], Memory]:
+    """This pass's actions and what to remember for the next, in a stable order."""
+    faulted = [d for d in facts.daemons if d.device_uuid in facts.faults]
+    actions = [_fail_device(d, facts) for d in faulted]
+    skip = {d.device_uuid for d in faulted}
+    client_actions, terminated, reported = _clients(facts, memory, policy, skip)
+    actions += client_actions
+    exits, exited_since = _exited(facts, memory, policy, skip)
+    actions += exits
+    over, violating = _memory(facts, memory, policy)
+    actions += over
+    return actions, Memory(terminated, reported, exited_since, violating)
+
+
+def _fail_device(daemon: MpsDaemonState, facts: Facts) -> Action:
+    uuid = daemon.device_uuid
+    leases = tuple(x.lease_id for x in facts.leases if x.device_uuid == uuid)
+    clients = tuple((s.pid, c) for s in daemon.servers for c in s.client_pids)
+    servers = tuple(s.pid for s in daemon.servers)
+    return Action(
+        ActionKind.FAIL_DEVICE,
+        f"device {uuid}: {facts.faults[uuid]}: fail {len(leases)} lease(s), terminate "
+        f"{len(clients)} client(s), shut down {len(servers)} server(s)",
+        device_uuid=uuid,
+        lease_ids=leases,
+        clients=clients,
+        server_pids=servers,
+    )
+
+
+def _clients(
+    facts: Facts, memory: Memory, policy: Policy, skip: set[str]
+) -> tuple[list[Action], frozenset[tuple[str, int]], frozenset[int]]:
+    live = {x.lease_id for x in facts.leases}
+    actions: list[Action] = []
+    terminated, reported = set(memory.terminated), set(memory.reported)
+    listed: set[tuple[str, int]] = set()
+    for daemon in facts.daemons:
+        if daemon.device_uuid in skip:
+            continue
+        for server in daemon.servers:
+            for pid in server.client_pids:
+                key = (daemon.device_uuid, pid)
+                listed.add(key)
+                if key in terminated:
+                    continue
+                fact = facts.processes.get(pid, ProcessFact(ProcessState.GONE))
+                action = _client_action(daemon.device_uuid, server.pid, pid, fact, live, policy)
+                if action is None:
+                    continue
+                if action.kind is ActionKind.REPORT_UNKNOWN:
+                    if pid in reported:
+                        continue
+                    reported.add(pid)
+                else:
+                    terminated.add(key)
+                actions.append(action)
+    # Forget PIDs MPS no longer lists, so a reused PID is judged afresh.
+    return actions, frozenset(terminated & listed), frozenset(reported & {p for _, p in listed})
+
+
+def _client_action(
+    device: str, server: int, pid: int, fact: ProcessFact, live: set[str], policy: Policy
+) -> Action | None:
+    if fact.state is not ProcessState.ALIVE:
+        kind, why = ActionKind.TERMINATE, f"process {fact.state.value}"
+    elif fact.lease_id in live:
+        return None
+    elif policy.unknown_clients == "terminate":
+        kind, why = ActionKind.TERMINATE, "it belongs to no lease"
+    else:
+        kind, why = ActionKind.REPORT_UNKNOWN, "it belongs to no lease"
+    verb = "terminate" if kind is ActionKind.TERMINATE else "report"
+    return Action(
+        kind,
+        f"{verb} client {pid} of server {server} on {device}: {why}",
+        device_uuid=device,
+        clients=((server, pid),),
+    )
+
+
+def _exited(
+    facts: Facts, memory: Memory, policy: Policy, skip: set[str]
+) -> tuple[list[Action], dict[str, float]]:
+    running = {
+        fact.lease_id
+        for fact in facts.processes.values()
+        if fact.state is ProcessState.ALIVE and fact.lease_id
+    }
+    actions: list[Action] = []
+    since: dict[str, float] = {}
+    for lease in facts.leases:
+        if lease.state is not LeaseState.READY or lease.device_uuid in skip:
+            continue
+        own_alive = any(
+            facts.processes.get(p, ProcessFact(ProcessState.GONE)).state is ProcessState.ALIVE
+            for p in lease.client_pids
+        )
+        if own_alive or lease.lease_id in running:
+            continue
+        first = memory.exited_since.get(lease.lease_id, facts.now)
+        since[lease.lease_id] = first
+        if facts.now - first >= policy.exit_grace_s:
+            actions.append(
+                Action(
+                    ActionKind.RELEASE,
+                    f"release lease {lease.lease_id}: all its processes exited "
+                    f"{facts.now - first:.0f} s ago",
+                    device_uuid=lease.device_uuid,
+                    lease_ids=(lease.lease_id,),
+                )
+            )
+    return actions, since
+
+
+def _memory(facts: Facts, memory: Memory, policy: Policy) -> tuple[list[Action], frozenset[str]]:
+    actions: list[Action] = []
+    violating: set[str] = set()
+    for lease in facts.leases:
+        used = facts.memory_used.get(lease.lease_id)
+        if used is None or used <= lease.memory_bytes:
+            continue
+        violating.add(lease.lease_id)
+        if lease.lease_id in memory.violating:
+            continue  # acted on already, still over
+        clients = tuple(
+            (server.pid, pid)
+            for daemon in facts.daemons
+            if daemon.device_uuid == lease.device_uuid
+            for server in daemon.servers
+            for pid in server.client_pids
+            if facts.processes.get(pid, ProcessFact(ProcessState.GONE)).lease_id == lease.lease_id
+        )
+        enforce = policy.memory == "enforce"
+        actions.append(
+            Action(
+                ActionKind.MEMORY_VIOLATION,
+                f"lease {lease.lease_id} uses {format_bytes(used)} of device memory, over its "
+                f"limit {format_bytes(lease.memory_bytes)}"
+                + (f": terminate its {len(clients)} client(s)" if enforce else ""),
+                device_uuid=lease.device_uuid,
+                lease_ids=(lease.lease_id,),
+                clients=clients if enforce else (),
+            )
+        )
+    return actions, frozenset(violating)

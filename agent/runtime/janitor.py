@@ -1,0 +1,190 @@
+"""The janitor: clears stale MPS contexts, periodically and on demand (``ClearStale``).
+
+Each pass gathers facts (the daemons' client lists, each PID's process state and lease
+marker, NVML's per-process device memory, faults seen since the last pass), asks the pure
+planner (``agent.mps.stale``) what to do, and does it. Every action is an event, a count in
+``gpushare_control_actions_total`` and a log line; a dry run lists the same actions and
+changes nothing. A hung control daemon is the MPS supervisor's to restart; a pass lists it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+
+import psutil
+
+from agent.core.errors import GpushareError
+from agent.core.lease import LeaseState
+from agent.core.types import Event, ReasonCode
+from agent.gpu.port import GpuBackend
+from agent.mps.port import MpsManager
+from agent.mps.stale import (
+    Action,
+    ActionKind,
+    Facts,
+    Memory,
+    Policy,
+    ProcessFact,
+    ProcessState,
+    plan,
+)
+from agent.runtime.events import EventLog
+from agent.runtime.node import NodeService
+from agent.runtime.readiness import lease_marker
+
+log = logging.getLogger(__name__)
+FAULT_EVENTS = ("mps.server_fatal", "gpu.xid")
+
+
+def process_facts(pids: Iterable[int]) -> dict[int, ProcessFact]:
+    """Each PID's state and lease marker (blocking: reads /proc)."""
+    facts = {}
+    for pid in set(pids):
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            facts[pid] = ProcessFact(ProcessState.GONE)
+            continue
+        except psutil.Error:
+            status = psutil.STATUS_RUNNING  # not ours to read: alive, unknown lease
+        state = ProcessState.ZOMBIE if status == psutil.STATUS_ZOMBIE else ProcessState.ALIVE
+        facts[pid] = ProcessFact(state, lease_marker(pid) if state is ProcessState.ALIVE else None)
+    return facts
+
+
+class Janitor:
+    def __init__(
+        self,
+        node: NodeService,
+        *,
+        mps: MpsManager,
+        gpu: GpuBackend,
+        events: EventLog,
+        clock: Callable[[], float],
+        policy: Policy,
+        interval_s: float,
+        actions: Counter[str],
+    ) -> None:
+        self._node = node
+        self._mps = mps
+        self._gpu = gpu
+        self._events = events
+        self._clock = clock
+        self._policy = policy
+        self._interval_s = interval_s
+        self._memory = Memory()
+        self._faults: dict[str, str] = {}
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self.actions = actions
+        events.listeners.append(self._on_event)
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind in FAULT_EVENTS and event.device_uuid in self._node.devices:
+            what = f"{event.kind}: {event.message}"
+            self._faults.setdefault(event.device_uuid, what)
+            self._node.close(event.device_uuid, "fault", ReasonCode.DEVICE_UNAVAILABLE, what)
+            self._wake.set()
+
+    async def run(self) -> None:
+        """A pass every ``interval_s``, and at once after a fault (a supervised task)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._interval_s)
+            self._wake.clear()
+            try:
+                await self.pass_once(dry_run=False)
+            except GpushareError as exc:
+                log.warning("janitor pass failed: %s", exc)
+
+    async def pass_once(self, *, dry_run: bool) -> list[str]:
+        """One pass; what it did (or, with ``dry_run``, would do)."""
+        async with self._lock:
+            facts = await self._facts()
+            actions, memory = plan(facts, self._memory, self._policy)
+            listed = [a.description for a in actions]
+            listed += [
+                f"control daemon of {d.device_uuid} is down ({d.detail}): the MPS "
+                "supervisor restarts it"
+                for d in facts.daemons
+                if not d.up
+            ]
+            listed += await self._node.clear_stale(dry_run=dry_run)
+            if dry_run:
+                return listed
+            self._memory = memory
+            for action in actions:
+                await self._apply(action)
+            return listed
+
+    async def _facts(self) -> Facts:
+        daemons = self._mps.states()
+        nvml = {
+            uuid: await self._gpu.processes(device) for uuid, device in self._node.devices.items()
+        }
+        pids = [c for d in daemons for s in d.servers for c in s.client_pids]
+        pids += [p.pid for listed in nvml.values() for p in listed]
+        processes = await asyncio.to_thread(process_facts, pids)
+        used: Counter[str] = Counter()
+        for listed in nvml.values():
+            for p in listed:
+                lease_id = processes[p.pid].lease_id
+                if lease_id and p.used_memory_bytes is not None:
+                    used[lease_id] += p.used_memory_bytes
+        return Facts(
+            now=self._clock(),
+            daemons=daemons,
+            leases=list(self._node.leases.values()),
+            processes=processes,
+            faults=dict(self._faults),
+            memory_used=dict(used),
+        )
+
+    async def _apply(self, action: Action) -> None:
+        log.info("janitor: %s", action.description)
+        self.actions[action.kind.value] += 1
+        device = action.device_uuid
+        lease_id = action.lease_ids[0] if len(action.lease_ids) == 1 else None
+        self._events(
+            f"janitor.{action.kind.value}",
+            action.description,
+            device_uuid=device,
+            lease_id=lease_id,
+        )
+        if action.kind is ActionKind.RELEASE:
+            await self._node.end_leases(
+                action.lease_ids, LeaseState.RELEASED, "all its processes exited"
+            )
+        elif action.kind is ActionKind.FAIL_DEVICE:
+            assert device is not None
+            await self._node.end_leases(
+                action.lease_ids, LeaseState.FAILED, self._faults.get(device, "fault")
+            )
+        await self._terminate(device, action.clients)
+        if action.kind is ActionKind.FAIL_DEVICE:
+            assert device is not None
+            for server in action.server_pids:
+                await self._quietly(self._mps.shutdown_server(device, server), f"server {server}")
+            self._faults.pop(device, None)
+            self._node.reopen(device, "fault")
+            self._events("device.fault_cleared", "open to new leases again", device_uuid=device)
+
+    async def _terminate(self, device: str | None, clients: tuple[tuple[int, int], ...]) -> None:
+        for server, client in clients:
+            assert device is not None
+            await self._quietly(
+                self._mps.terminate_client(device, server, client), f"client {client}"
+            )
+
+    async def _quietly(self, step: Awaitable[None], what: str) -> None:
+        try:
+            await step
+        except GpushareError as exc:
+            log.warning("janitor could not act on %s: %s", what, exc)
+
+    def faulted(self) -> dict[str, str]:
+        return dict(self._faults)
