@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from agent.config import Settings, load_settings
@@ -41,9 +42,11 @@ def sim_settings(root: Path, **overrides: object) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running_app(settings: Settings, ports: Ports | None = None) -> AsyncIterator[App]:
+async def running_app(
+    settings: Settings, ports: Ports | None = None, *, clock: Callable[[], float] = time.time
+) -> AsyncIterator[App]:
     """Run an App in this event loop until the block ends; fail if it does not come up."""
-    app = App(settings, ports=ports)
+    app = App(settings, ports=ports, clock=clock)
     task = asyncio.create_task(app.run(), name="app-under-test")
     ready = asyncio.create_task(app.ready.wait())
     await asyncio.wait([task, ready], timeout=10, return_when=asyncio.FIRST_COMPLETED)
@@ -91,3 +94,16 @@ def spawn_agent(root: Path, *extra: str) -> subprocess.Popen[bytes]:
             stdout=subprocess.DEVNULL,
             stderr=log,
         )
+
+
+class FakeClock:
+    """A wall clock that moves only when told: scenario tests run windows instantly."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

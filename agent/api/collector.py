@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import (
     CounterMetricFamily,
-    CounterMetricFamily, GaugeMetricFamily,
+    GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )

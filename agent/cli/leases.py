@@ -290,7 +290,11 @@ def events(ctx: click.Context, follow: bool, since_seq: int, as_json: bool) -> N
 @click.option("--dry-run", is_flag=True, help="List what would be done; change nothing.")
 @click.pass_context
 def clear_stale(ctx: click.Context, dry_run: bool) -> None:
-    """Clear stale state: expired reservations (and what the janitor finds)."""
+    """Run a janitor pass now: terminate MPS clients whose process is gone or a zombie,
+    report (or terminate) clients that belong to no lease, release ready leases whose
+    processes all exited, fail the leases of a faulted server and shut it down, act on
+    memory-limit violations, expire reservations past their TTL. With --dry-run, list the
+    same and change nothing."""
     answer = _guard(lambda: call(_socket(ctx), "ClearStale", pb.ClearStaleRequest(dry_run=dry_run)))
     prefix = "would " if dry_run else ""
     for action in answer.actions:

@@ -59,6 +59,16 @@ class Sampler:
         while True:
             await self.sample_once()
             await asyncio.sleep(self._interval_s)
+            self.close_due_windows()
+
+    def close_due_windows(self) -> None:
+        """Close every window whose time is over and hand it to the listeners."""
+        now = self._clock()
+        for aggregator in self._windows.values():
+            closed = aggregator.close_if_due(now)
+            if closed is not None:
+                for listener in self.listeners:
+                    listener(closed)
 
     async def sample_once(self) -> None:
         try:

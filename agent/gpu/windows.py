@@ -1,7 +1,8 @@
 """Fixed windows: samples of one device averaged over aligned intervals. Pure.
 
 A window covers ``[k * window_s, (k + 1) * window_s)``; it closes when the first sample of a
-later window arrives. Each field's mean and max are over the samples that had that field.
+later window arrives, or when its owner finds its time over (``close_if_due``). Each
+field's mean and max are over the samples that had that field.
 Only the last ``keep`` closed windows are kept, so memory is bounded.
 """
 
@@ -62,6 +63,13 @@ class WindowAggregator:
         self._closed.append(result)
         self._open = None
         return result
+
+    def close_if_due(self, now: float) -> WindowSample | None:
+        """Close the open window once its time is over (``now`` at or past its end), so a
+        window's verdict does not wait for the next sample; returns it, if closed."""
+        if self._open is None or now < (self._open.index + 1) * self.window_s:
+            return None
+        return self._close(self._open)
 
     def latest(self) -> WindowSample | None:
         return self._closed[-1] if self._closed else None

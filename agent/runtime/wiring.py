@@ -93,11 +93,13 @@ class SimCounters:
     def __init__(self) -> None:
         self.leases: Callable[[str], list[Lease]] = lambda _uuid: []
         self.signature: Callable[[Lease], Mapping[str, float]] = lambda _lease: {}
+        # Injected misbehaviour: lease id -> the counters it really runs with.
+        self.behaviour: dict[str, Mapping[str, float]] = {}
 
     def __call__(self, device: Device, _now: float) -> dict[str, float]:
         loads = [
             Load(
-                self.signature(x),
+                self.behaviour.get(x.lease_id) or self.signature(x),
                 thread_pct=x.thread_pct,
                 memory_bytes=x.memory_bytes,
                 name=x.lease_id,

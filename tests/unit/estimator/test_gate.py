@@ -97,3 +97,47 @@ def test_the_model_predicts_light_neighbours_keep_more_than_heavy_ones() -> None
     light = gate(protected, request("etl-batch", 25)).predictions["l-bert"]
     heavy = gate(protected, request("llm-7b-serve", 100)).predictions["l-bert"]
     assert 0.0 <= heavy < light <= 1.1
+
+
+@pytest.mark.parametrize(
+    ("measured_sm", "measured_dram", "extra_sm", "extra_dram"),
+    [
+        (0.30, 0.10, None, None),  # as declared (0.1 + 0.2 sm, 0.05 + 0.05 dram)
+        (0.31, 0.11, None, None),  # within the 0.02 noise allowance
+        (0.70, 0.10, 0.40, 0.0),  # busier than declared: the rest is one more peer
+        (0.30, 0.60, 0.0, 0.50),
+        (0.10, 0.00, None, None),  # quieter than declared: nothing unattributed
+    ],
+)
+def test_unattributed_load_is_what_the_signatures_do_not_explain(
+    measured_sm: float, measured_dram: float, extra_sm: float | None, extra_dram: float | None
+) -> None:
+    from agent.estimator.records import Workload
+    from agent.runtime.gate import unattributed
+
+    declared = [
+        Workload("a", 50, GIB, {"sm_active": 0.1, "dram_active": 0.05}),
+        Workload("b", 50, GIB, {"sm_active": 0.2, "dram_active": 0.05}),
+    ]
+    extra = unattributed(declared, {"sm_active": measured_sm, "dram_active": measured_dram})
+    if extra_sm is None:
+        assert extra is None
+        return
+    assert extra is not None
+    assert extra.counters["sm_active"] == pytest.approx(extra_sm)
+    assert extra.counters["dram_active"] == pytest.approx(extra_dram)
+
+
+@pytest.mark.parametrize("model", [None, "default"])
+def test_live_estimates_fall_when_the_device_is_busier_than_declared(model: str | None) -> None:
+    gate = ProfileGate(RetentionModel.load(DEFAULT_MODEL_DIR) if model else None, PROFILES)
+    leases = (
+        lease("p", "llm-inference", 40, floor=0.9),
+        lease("q", "resnet50-training", 40),
+    )
+    view = DeviceView(DEVICE, leases)
+    quiet = gate.estimate_live(view, {"sm_active": 0.0, "dram_active": 0.0})
+    busy = gate.estimate_live(view, {"sm_active": 1.0, "dram_active": 1.0})
+    assert quiet == gate.estimate(view), "nothing unattributed: the admission-time estimate"
+    assert busy["p"] < quiet["p"] and busy["q"] <= quiet["q"]
+    assert set(busy) == {"p", "q"}, "the unattributed peer is not a lease"

@@ -82,3 +82,13 @@ def test_memory_is_bounded() -> None:
         agg.add(sample(float(t), x=float(t)))
     history = agg.history()
     assert len(history) == 5 and history[-1].start_at == 98.0
+
+
+def test_a_window_closes_when_its_time_is_over_without_waiting_for_a_sample() -> None:
+    windows = WindowAggregator("GPU-0", window_s=10)
+    assert windows.add(Sample("GPU-0", 101.0, {"sm_active": 0.5})) is None
+    assert windows.close_if_due(109.9) is None, "still open"
+    closed = windows.close_if_due(110.0)
+    assert closed is not None and closed.start_at == 100.0 and closed.mean == {"sm_active": 0.5}
+    assert windows.close_if_due(130.0) is None, "nothing open, nothing to close"
+    assert windows.add(Sample("GPU-0", 131.0, {"sm_active": 0.1})) is None
