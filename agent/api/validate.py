@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from agent.admission.sizing import Mode, SizingSpec, size
 from agent.api.proto import agent_pb2 as pb
 from agent.core.errors import ValidationError
-from agent.core.types import AdmissionRequest, PriorityClass
+from agent.core.types import AdmissionRequest, JobAttributes, PriorityClass
 
 MAX_TEXT = 128
 MAX_MEMORY_BYTES = 2**50  # 1 PiB: nothing real asks for more
@@ -70,6 +70,36 @@ def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
         retention_floor=floor or None,
         gpu_model=text(message.gpu_model, f"{field}.gpu_model") or None,
         counters=counters(message.counters, f"{field}.counters"),
+        job=job(message.job, f"{field}.job"),
+    )
+
+
+MAX_GPUS = 100_000.0
+MAX_SECONDS = 10.0 * 365 * 24 * 3600
+
+
+def job(message: pb.Job, field: str) -> JobAttributes:
+    return JobAttributes(
+        job_type=identifier(message.job_type, f"{field}.job_type", required=False),
+        model_type=identifier(message.model_type, f"{field}.model_type", required=False),
+        generative=message.generative,
+        requested_gpus=fraction(
+            message.requested_gpus, f"{field}.requested_gpus", 0.0, MAX_GPUS, low_open=False
+        ),
+        declared_duration_s=fraction(
+            message.declared_duration_s,
+            f"{field}.declared_duration_s",
+            0.0,
+            MAX_SECONDS,
+            low_open=False,
+        ),
+        scheduling_delay_s=fraction(
+            message.scheduling_delay_s,
+            f"{field}.scheduling_delay_s",
+            0.0,
+            MAX_SECONDS,
+            low_open=False,
+        ),
     )
 
 

@@ -77,6 +77,9 @@ class Lease:
     reason: str = ""
     gang_id: str | None = None
     counters: Mapping[str, float] = field(default_factory=dict)  # solo counters, inline
+    # The nine admission-time attributes of the readiness predictor (see HISTORY_ATTRIBUTES).
+    attributes: Mapping[str, float | str] = field(default_factory=dict)
+    ready_at: float | None = None  # when a client of it first appeared on its device
 
 
 def can_transition(current: LeaseState, target: LeaseState) -> bool:
@@ -89,4 +92,18 @@ def transition(lease: Lease, target: LeaseState, *, at: float, reason: str = "")
         raise LeaseTransitionError(
             f"lease {lease.lease_id}: {lease.state.value} -> {target.value} is not allowed"
         )
-    return dataclasses.replace(lease, state=target, updated_at=at, reason=reason)
+    ready_at = at if target is LeaseState.READY else lease.ready_at
+    return dataclasses.replace(lease, state=target, updated_at=at, reason=reason, ready_at=ready_at)
+
+
+HISTORY_ATTRIBUTES = (
+    "accelerator_model",
+    "priority",
+    "job_type",
+    "model_type",
+    "generative",
+    "requested_gpus",
+    "declared_duration_s",
+    "scheduling_delay_s",
+    "concurrent_requests",
+)

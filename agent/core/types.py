@@ -91,6 +91,34 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class JobAttributes:
+    """What the caller knows of the job at admission, for the readiness predictor (all
+    optional): its type and model, whether it serves generative requests, how many GPUs the
+    whole job asked for (may be fractional), its declared run time, and how long it waited
+    in the scheduler before this request."""
+
+    job_type: str = ""
+    model_type: str = ""
+    generative: bool = False
+    requested_gpus: float = 0.0
+    declared_duration_s: float = 0.0
+    scheduling_delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """A lease that ended, for the readiness predictor: the nine attributes known when it
+    was admitted, how it ended, and whether (and how soon) a client of it appeared."""
+
+    lease_id: str
+    ended_at: float
+    final_state: str
+    attributes: Mapping[str, float | str]
+    became_ready: bool
+    ready_after_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionRequest:
     """What a caller asks for: memory and compute on one device of this node."""
 
@@ -104,6 +132,7 @@ class AdmissionRequest:
     retention_floor: float | None = None
     gpu_model: str | None = None
     counters: Mapping[str, float] = field(default_factory=dict)  # solo counters, inline
+    job: JobAttributes = field(default_factory=JobAttributes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from agent.admission.attributes import admission_attributes
 from agent.admission.capacity import StandardSize, Stranded, stranded
 from agent.admission.policy import DeviceView, RetentionGate, Rules, decide
 from agent.core.errors import ConflictError, NotFoundError, StateError
@@ -275,6 +276,9 @@ class NodeService(LeaseTransitions):
             expires_at=now + (ttl_s or self._ttl_s) if reserved else None,
             gang_id=gang_id,
             counters=dict(request.counters),
+            attributes=admission_attributes(
+                request, self.devices[decision.device_uuid], concurrent_requests=len(self.leases)
+            ),
         )
 
     def _preempt(self, decision: Decision, now: float) -> list[Lease]:

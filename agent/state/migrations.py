@@ -63,6 +63,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE leases ADD COLUMN counters TEXT NOT NULL DEFAULT '{}';
     """,
+    # 5: the readiness predictor's admission-time attributes, and when a lease became ready
+    """
+    ALTER TABLE leases ADD COLUMN attributes TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE leases ADD COLUMN ready_at REAL;
+    CREATE INDEX history_by_end ON lease_history (ended_at);
+    """,
 )
 
 

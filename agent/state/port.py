@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from agent.core.lease import Lease
-from agent.core.types import Event
+from agent.core.types import Event, HistoryRow
 
 
 class StateStore(Protocol):
@@ -34,6 +34,10 @@ class StateStore(Protocol):
     async def set_drained(self, device_uuid: str, reason: str | None, *, at: float) -> None: ...
 
     async def drained(self) -> dict[str, str]: ...
+
+    async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
+        """Leases that ended (oldest first): the readiness predictor's training rows."""
+        ...
 
     async def heartbeat(self, *, at: float) -> None:
         """A tiny durable write: proves (or disproves) that the store can write."""

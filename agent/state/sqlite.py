@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.core.errors import StateError
 from agent.core.lease import Lease, LeaseState
-from agent.core.types import Event, PriorityClass
+from agent.core.types import Event, HistoryRow, PriorityClass
 from agent.state.migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ LEASE_COLUMNS = (
     "client_pids",
     "reason",
     "counters",
+    "attributes",
+    "ready_at",
 )
 LIVE_STATES = tuple(s.value for s in LeaseState if s.holds_capacity)
 
@@ -175,6 +177,11 @@ class SqliteStateStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [_event_row(event) for event in events],
             )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO lease_history (lease_id, ended_at, final_state, "
+                "attributes, became_ready, ready_after_s) VALUES (?, ?, ?, ?, ?, ?)",
+                [_history_row(lease) for lease in leases if lease.state.is_terminal],
+            )
             if events and events[-1].seq % 1000 == 0:
                 self._db.execute(
                     "DELETE FROM events WHERE seq <= ?", (events[-1].seq - self._max_events,)
@@ -242,6 +249,16 @@ class SqliteStateStore:
 
         await self._run(run)
 
+    async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
+        rows = await self._query(
+            "SELECT lease_id, ended_at, final_state, attributes, became_ready, ready_after_s "
+            "FROM lease_history WHERE ended_at >= ? ORDER BY ended_at LIMIT ?",
+            (since, limit),
+        )
+        return [
+            HistoryRow(str(r[0]), r[1], str(r[2]), json.loads(r[3]), bool(r[4]), r[5]) for r in rows
+        ]
+
     async def drained(self) -> dict[str, str]:
         rows = await self._query("SELECT device_uuid, reason FROM drained", ())
         return {str(r[0]): str(r[1]) for r in rows}
@@ -279,6 +296,20 @@ def _lease_row(lease: Lease) -> tuple[Any, ...]:
         json.dumps(list(lease.client_pids)),
         lease.reason,
         json.dumps(dict(lease.counters)),
+        json.dumps(dict(lease.attributes)),
+        lease.ready_at,
+    )
+
+
+def _history_row(lease: Lease) -> tuple[Any, ...]:
+    ready_after = lease.ready_at - lease.created_at if lease.ready_at is not None else None
+    return (
+        lease.lease_id,
+        lease.updated_at,
+        lease.state.value,
+        json.dumps(dict(lease.attributes)),
+        int(lease.ready_at is not None),
+        ready_after,
     )
 
 
@@ -288,6 +319,7 @@ def _lease(row: tuple[Any, ...]) -> Lease:
     values["state"] = LeaseState(values["state"])
     values["client_pids"] = tuple(json.loads(values["client_pids"]))
     values["counters"] = json.loads(values["counters"])
+    values["attributes"] = json.loads(values["attributes"])
     return Lease(**values)
 
 

@@ -39,7 +39,7 @@ class Sizing(_message.Message):
     def __init__(self, parameters: _Optional[int] = ..., mode: _Optional[str] = ..., dtype: _Optional[str] = ..., layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., concurrent_sequences: _Optional[int] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model", "counters")
+    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model", "counters", "job")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class Request(_message.Message):
     RETENTION_FLOOR_FIELD_NUMBER: _ClassVar[int]
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     trust_domain: str
@@ -69,7 +70,24 @@ class Request(_message.Message):
     retention_floor: float
     gpu_model: str
     counters: _containers.ScalarMap[str, float]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    job: Job
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_type", "model_type", "generative", "requested_gpus", "declared_duration_s", "scheduling_delay_s")
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GENERATIVE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_DELAY_S_FIELD_NUMBER: _ClassVar[int]
+    job_type: str
+    model_type: str
+    generative: bool
+    requested_gpus: float
+    declared_duration_s: float
+    scheduling_delay_s: float
+    def __init__(self, job_type: _Optional[str] = ..., model_type: _Optional[str] = ..., generative: _Optional[bool] = ..., requested_gpus: _Optional[float] = ..., declared_duration_s: _Optional[float] = ..., scheduling_delay_s: _Optional[float] = ...) -> None: ...
 
 class DeviceAttempt(_message.Message):
     __slots__ = ("device_uuid", "fits", "reason", "detail", "predictions")

@@ -150,6 +150,9 @@ async def test_interference_for_w_windows_degrades_evicts_the_youngest_once_and_
     assert set(sim.node.leases) == {protected.lease_id, older.lease_id}
     assert sim.control.actions["evict"] == 1 and sim.control.actions["degrade"] == 1
     assert sim.fake_mps.terminated == [(sim.device, server, client)], "its client ended first"
+    (history,) = await sim.app.store.history()
+    assert (history.lease_id, history.final_state) == (younger.lease_id, "evicted")
+    assert history.became_ready and history.attributes["priority"] == "best-effort"
     refused = await sim.node.explain(
         AdmissionRequest("late", "t", "a", BE, GIB, 1, counters=signature(0.01, 0.01))
     )

@@ -254,3 +254,12 @@ def test_batch_sees_earlier_admissions_and_never_preempts() -> None:
     decisions = place_batch(batch, views, RULES, now=0)
     assert [d.admitted for d in decisions] == [True, True, False, True]
     assert decisions[2].reason is ReasonCode.NO_MEMORY
+
+
+def test_a_lease_becomes_ready_once_and_remembers_when() -> None:
+    from agent.core.lease import transition
+
+    admitted = lease(1, 10, created_at=100.0)
+    ready = transition(admitted, LeaseState.READY, at=130.0)
+    released = transition(ready, LeaseState.RELEASED, at=500.0)
+    assert admitted.ready_at is None and ready.ready_at == 130.0 and released.ready_at == 130.0

@@ -1,7 +1,9 @@
 import pytest
 
 from agent.api import validate
+from agent.api.proto import agent_pb2 as pb
 from agent.core.errors import ValidationError
+from agent.core.types import JobAttributes
 
 
 @pytest.mark.parametrize("value", ["a\n", "a b", "", "x" * 129, "é", "a\x00"])
@@ -13,3 +15,40 @@ def test_identifiers_are_strict(value: str) -> None:
 @pytest.mark.parametrize("value", ["job-1", "team.a/rank:0", "A_b+c=d@e"])
 def test_good_identifiers(value: str) -> None:
     assert validate.identifier(value, "f") == value
+
+
+def good_request(**job: object) -> pb.Request:
+    return pb.Request(
+        request_id="r",
+        tenant="t",
+        trust_domain="a",
+        priority=pb.BURSTABLE,
+        memory_bytes=2**30,
+        thread_pct=10,
+        job=pb.Job(**job),  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("job", "field"),
+    [
+        ({"job_type": "a b"}, "request.job.job_type"),
+        ({"model_type": "x" * 200}, "request.job.model_type"),
+        ({"requested_gpus": -1.0}, "request.job.requested_gpus"),
+        ({"requested_gpus": float("nan")}, "request.job.requested_gpus"),
+        ({"declared_duration_s": float("inf")}, "request.job.declared_duration_s"),
+        ({"scheduling_delay_s": -0.5}, "request.job.scheduling_delay_s"),
+    ],
+)
+def test_bad_job_attributes_name_their_field(job: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as error:
+        validate.request(good_request(**job))
+    assert error.value.field == field
+
+
+def test_job_attributes_are_optional_and_kept() -> None:
+    assert validate.request(good_request()).job == JobAttributes()
+    kept = validate.request(
+        good_request(job_type="training", generative=True, requested_gpus=0.5)
+    ).job
+    assert (kept.job_type, kept.generative, kept.requested_gpus) == ("training", True, 0.5)
