@@ -46,6 +46,9 @@ class FakeMpsManager:
     def states(self) -> list[MpsDaemonState]:
         return list(self._states.values())
 
+    async def refresh(self) -> None:
+        return None  # always current
+
     async def terminate_client(self, device_uuid: str, server_pid: int, client_pid: int) -> None:
         server = self._server(device_uuid, server_pid)
         if client_pid not in server.client_pids:

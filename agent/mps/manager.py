@@ -106,6 +106,14 @@ class SupervisedMpsManager:
     def supervisor(self, device_uuid: str) -> DaemonSupervisor:
         return self.supervisors[device_uuid]
 
+    async def refresh(self) -> None:
+        for supervisor in self.supervisors.values():
+            if supervisor.up:
+                try:
+                    await supervisor.refresh_servers()
+                except MpsError as exc:
+                    log.warning("cannot list MPS servers of %s: %s", supervisor.device.uuid, exc)
+
     async def terminate_client(self, device_uuid: str, server_pid: int, client_pid: int) -> None:
         supervisor = self._supervisor_of(device_uuid)
         await supervisor.client.terminate_client(server_pid, client_pid)

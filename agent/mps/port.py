@@ -23,6 +23,10 @@ class MpsManager(Protocol):
 
     def states(self) -> list[MpsDaemonState]: ...
 
+    async def refresh(self) -> None:
+        """Re-read every daemon's servers and clients now, so ``states`` is current."""
+        ...
+
     async def terminate_client(self, device_uuid: str, server_pid: int, client_pid: int) -> None:
         """Have the device's daemon end one client's context (``terminate_client``)."""
         ...

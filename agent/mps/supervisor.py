@@ -242,6 +242,10 @@ class DaemonSupervisor:
             return
         self._read_pct, self._read_limit = pct, limit
 
+    async def refresh_servers(self) -> None:
+        """Re-read the servers and their clients now (between probes)."""
+        self._servers = await self._list_servers()
+
     async def _list_servers(self) -> tuple[MpsServerState, ...]:
         servers = []
         for pid in await self.client.server_pids():

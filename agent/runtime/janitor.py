@@ -122,6 +122,7 @@ class Janitor:
             return listed
 
     async def _facts(self) -> Facts:
+        await self._mps.refresh()
         daemons = self._mps.states()
         nvml = {
             uuid: await self._gpu.processes(device) for uuid, device in self._node.devices.items()
