@@ -9,11 +9,15 @@ fallback (the utilisation-sum rule), whose numbers a reader can check by hand.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from agent.core.errors import TelemetryError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import AdmissionRequest, GpuProcess, PriorityClass, ReasonCode
 from agent.core.units import GIB
@@ -184,8 +188,6 @@ async def test_stale_telemetry_does_nothing(sim: Node) -> None:
     sim.counters.behaviour[younger.lease_id] = signature(0.5, 0.05)
     source = sim.app.telemetry
     assert isinstance(source, FakeTelemetrySource)
-    from agent.core.errors import TelemetryError
-
     source.fail_with = TelemetryError("exporter gone")
     await sim.windows(6)
     assert sim.closed() is None and len(sim.node.leases) == 3
@@ -260,3 +262,29 @@ async def test_a_lease_whose_client_never_connects_is_ineffective_at_its_deadlin
     states = {x.request_id: x.state for x in sim.node.leases.values()}
     assert states == {"comes": LeaseState.READY}
     assert sim.app.snapshot().ineffective_ratio == 0.0
+
+
+async def test_a_lease_over_its_memory_limit_is_a_violation_reported_once(sim: Node) -> None:
+    lease = await sim.admit("hungry", BE, signature(0.2, 0.1))  # an 8 GiB limit
+    env = {**os.environ, "GPUSHARE_LEASE_ID": lease.lease_id}
+    with subprocess.Popen(["sleep", "30"], env=env) as client:
+        try:
+            for _ in range(100):  # until exec, /proc shows the parent's environment
+                if "GPUSHARE_LEASE_ID" in Path(f"/proc/{client.pid}/environ").read_text():
+                    break
+                time.sleep(0.01)
+            sim.fake_mps.connect(sim.device, client.pid)
+            gpu = sim.app.ports.gpu
+            assert isinstance(gpu, FakeGpuBackend)
+            gpu.process_table[sim.device] = [GpuProcess(client.pid, 9 * GIB, mps=True)]
+            planned = await sim.control.janitor.pass_once(dry_run=True)
+            assert planned == [
+                f"lease {lease.lease_id} uses 9.0 GiB of device memory, over its limit 8.0 GiB"
+            ]
+            await sim.control.janitor.pass_once(dry_run=False)
+            await sim.control.janitor.pass_once(dry_run=False)
+        finally:
+            client.kill()
+    assert sim.kinds().count("janitor.memory-violation") == 1
+    assert sim.control.actions["memory-violation"] == 1
+    assert sim.fake_mps.terminated == [], "policy report: its client keeps running"
