@@ -9,6 +9,8 @@ leases the node held at that moment. Nothing produced after the decision is amon
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agent.core.lease import HISTORY_ATTRIBUTES
 from agent.core.types import AdmissionRequest, Device
 
@@ -30,3 +32,8 @@ def admission_attributes(
     }
     assert tuple(attributes) == HISTORY_ATTRIBUTES
     return attributes
+
+
+def readiness_order(probabilities: Sequence[float]) -> list[int]:
+    """Request indices, most likely to become ready first; arrival order breaks ties."""
+    return sorted(range(len(probabilities)), key=lambda i: (-probabilities[i], i))

@@ -118,10 +118,12 @@ class AgentService(pb_grpc.AgentServicer):
             ]
             if len({r.request_id for r in requests}) != len(requests):
                 raise ValidationError("requests", "request ids must be unique in a batch")
-            results = await self._node.admit_batch(requests)
+            batch = await self._node.admit_batch(requests)
             return pb.AdmitBatchResponse(
-                results=[self._result(r) for r in results],
-                order=[r.request_id for r in requests],
+                results=[self._result(r) for r in batch.results],
+                order=batch.order,
+                ready_probability=batch.ready_probability,
+                ordered_by=batch.ordered_by,
             )
 
         return await answer(context, run)

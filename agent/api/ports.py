@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from agent.core.lease import Lease
-from agent.core.types import AdmissionRequest, AdmitResult, Event, NodeSnapshot
+from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, Event, NodeSnapshot
 
 
 class NodeApi(Protocol):
@@ -19,7 +19,7 @@ class NodeApi(Protocol):
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
     ) -> AdmitResult: ...
 
-    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> list[AdmitResult]: ...
+    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> BatchResult: ...
 
     async def explain(self, request: AdmissionRequest) -> AdmitResult: ...
 

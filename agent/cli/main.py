@@ -234,6 +234,7 @@ def _register_subgroups() -> None:
     from agent.cli.estimator import estimator
     from agent.cli.mps import mps
     from agent.cli.profile import profile
+    from agent.cli.readiness import readiness
     from agent.cli.telemetry import telemetry
 
     for command in (
@@ -241,6 +242,7 @@ def _register_subgroups() -> None:
         profile,
         telemetry,
         estimator,
+        readiness,
         leases.leases,
         leases.explain,
         leases.size_command,

@@ -215,6 +215,12 @@ class ReadinessSettings:
         choices=("report", "reclaim"),
     )
     interval_s: float = _setting(2.0, "Seconds between two readiness checks.", min=0.05)
+    model_dir: str = _setting(
+        "default",
+        "Readiness predictor for AdmitBatch ordering (from `gpushare readiness train`). "
+        "'default': the model shipped with the agent (synthetic training data); 'none': "
+        "arrival order.",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -265,6 +265,17 @@ class AdmitResult:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchResult:
+    """An AdmitBatch answer: each request's result (in request order), the order they were
+    placed in, and what ordered them (predicted readiness, or arrival)."""
+
+    results: tuple[AdmitResult, ...]
+    order: tuple[str, ...]  # request ids, as placed
+    ready_probability: tuple[float, ...] = ()  # per request, in request order
+    ordered_by: str = "arrival"
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceLedger:
     """What a device holds, and why it takes nothing now (if it does not)."""
 

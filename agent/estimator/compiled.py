@@ -30,7 +30,9 @@ class CompiledForest:
     depth: int
 
     @classmethod
-    def from_sklearn(cls, forest: Any) -> CompiledForest:
+    def from_sklearn(cls, forest: Any, *, value_column: int = 0) -> CompiledForest:
+        """From a fitted RandomForestRegressor, or (``value_column`` = the class's index) the
+        probability of one class of a RandomForestClassifier."""
         lefts, rights, features, thresholds, values, roots = [], [], [], [], [], []
         offset, depth = 0, 0
         for estimator in forest.estimators_:
@@ -40,7 +42,7 @@ class CompiledForest:
             rights.append(np.where(leaf, -1, tree.children_right + offset))
             features.append(np.where(leaf, 0, tree.feature))
             thresholds.append(tree.threshold.astype(np.float64))
-            values.append(tree.value[:, 0, 0].astype(np.float64))
+            values.append(tree.value[:, 0, value_column].astype(np.float64))
             roots.append(offset)
             offset += tree.node_count
             depth = max(depth, int(tree.max_depth))

@@ -40,6 +40,7 @@ from agent.runtime.wiring import (
     Ports,
     admission_rules,
     build_ports,
+    readiness_predictor,
     retention_gate,
     standard_sizes,
 )
@@ -68,6 +69,7 @@ class App:
         self.rules = admission_rules(settings)
         self.sizes = standard_sizes(settings)
         self.gate = retention_gate(settings)
+        self.readiness = readiness_predictor(settings)
         self._clock = clock
         self.devices: list[Device] = []
         self.node: NodeService | None = None
@@ -236,6 +238,7 @@ class App:
             reservation_ttl_s=self.settings.admission.reservation_ttl_s,
             ready_deadline_s=self.settings.readiness.deadline_s,
             gate=self.gate,
+            readiness=self.readiness,
         )
         await self.node.load()
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
@@ -344,12 +347,8 @@ class App:
         )
 
     def _estimates(self) -> dict[str, float]:
-        if self.node is None:
-            return {}
-        estimates: dict[str, float] = {}
-        for view in self.node.views():
-            estimates.update(self.gate.estimate(view))
-        return estimates
+        views = self.node.views() if self.node is not None else []
+        return {k: v for view in views for k, v in self.gate.estimate(view).items()}
 
     def _stale(self) -> list[str]:
         if self.sampler is None:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease
-from agent.core.types import AdmissionRequest, AdmitResult, NodeSnapshot
+from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, NodeSnapshot
 from agent.runtime.janitor import Janitor
 from agent.runtime.node import NodeService
 
@@ -40,7 +40,7 @@ class NodeFacade:
     ) -> AdmitResult:
         return await self._node.admit(request, gang_id=gang_id, ttl_s=ttl_s)
 
-    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> list[AdmitResult]:
+    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> BatchResult:
         return await self._node.admit_batch(requests)
 
     async def explain(self, request: AdmissionRequest) -> AdmitResult:

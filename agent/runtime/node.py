@@ -14,9 +14,9 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from agent.admission.attributes import admission_attributes
+from agent.admission.attributes import admission_attributes, readiness_order
 from agent.admission.capacity import StandardSize, Stranded, stranded
 from agent.admission.policy import DeviceView, RetentionGate, Rules, decide
 from agent.core.errors import ConflictError, NotFoundError, StateError
@@ -25,6 +25,7 @@ from agent.core.types import (
     AdmissionRequest,
     AdmissionStats,
     AdmitResult,
+    BatchResult,
     Decision,
     Device,
     Event,
@@ -39,6 +40,8 @@ from agent.runtime.transitions import LeaseTransitions
 from agent.state.port import StateStore
 
 log = logging.getLogger(__name__)
+# P(ready) for rows of the nine admission-time attributes.
+ReadinessPredictor = Callable[[Sequence[Mapping[str, float | str]]], Sequence[float]]
 
 
 ENDED_KEPT = 100_000  # ended leases remembered in memory (older ones are read from the store)
@@ -59,8 +62,10 @@ class NodeService(LeaseTransitions):
         reservation_ttl_s: float,
         ready_deadline_s: float = 600.0,
         gate: RetentionGate | None = None,
+        readiness: ReadinessPredictor | None = None,
     ) -> None:
         self.gate = gate
+        self.readiness = readiness
         self.devices = {d.uuid: d for d in devices}
         self._store = store
         self._events = events
@@ -335,14 +340,31 @@ class NodeService(LeaseTransitions):
         )
         return AdmitResult(decision, lease, env, ((paths.pipe_dir, paths.pipe_dir),))
 
-    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> list[AdmitResult]:
-        """Place in the given order; every lease is durable before the batch answers."""
-        results = []
-        for request in requests:
-            task = asyncio.ensure_future(self.admit(request))
+    async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> BatchResult:
+        """Order by predicted readiness (arrival breaks ties; arrival alone without a
+        predictor), then place in that order; every lease is durable before the batch
+        answers."""
+        probabilities: list[float] = []
+        order = list(range(len(requests)))
+        if self.readiness is not None and requests:
+            device = next(iter(self.devices.values()))  # placement is not known yet
+            rows = [
+                admission_attributes(r, device, concurrent_requests=len(self.leases))
+                for r in requests
+            ]
+            probabilities = [round(float(p), 6) for p in self.readiness(rows)]
+            order = readiness_order(probabilities)
+        tasks: dict[int, asyncio.Future[AdmitResult]] = {}
+        for at in order:
+            tasks[at] = asyncio.ensure_future(self.admit(requests[at]))
             await asyncio.sleep(0)  # let the decision happen in order, the writes together
-            results.append(task)
-        return list(await asyncio.gather(*results))
+        await asyncio.gather(*tasks.values())
+        return BatchResult(
+            tuple(tasks[at].result() for at in range(len(requests))),
+            tuple(requests[at].request_id for at in order),
+            tuple(probabilities),
+            "predicted readiness" if probabilities else "arrival",
+        )
 
     # -- operators -------------------------------------------------------------------------
 

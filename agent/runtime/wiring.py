@@ -28,6 +28,7 @@ from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from agent.runtime import checks
 from agent.runtime.events import EventLog
 from agent.runtime.gate import ProfileGate
+from agent.runtime.node import ReadinessPredictor
 from agent.runtime.profiler import Profiler
 from agent.sim.contention import Load, device_counters
 from agent.state.port import StateStore
@@ -192,6 +193,20 @@ def retention_gate(settings: Settings) -> ProfileGate:
             str(exc),
         ) from exc
     return ProfileGate(model, profiles)
+
+
+def readiness_predictor(settings: Settings) -> ReadinessPredictor | None:
+    """P(ready) for AdmitBatch ordering: the configured readiness model, or none."""
+    from agent.estimator.readiness import DEFAULT_READINESS_DIR, ReadinessModel
+
+    where = settings.readiness.model_dir
+    if where == "none":
+        return None
+    try:
+        model = ReadinessModel.load(DEFAULT_READINESS_DIR if where == "default" else Path(where))
+    except ValidationError as exc:
+        raise ConfigError("readiness.model_dir", str(exc)) from exc
+    return lambda rows: [float(p) for p in model.predict(rows)]
 
 
 async def start_profiler(

@@ -217,12 +217,16 @@ class AdmitBatchRequest(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[Request, _Mapping]]] = ...) -> None: ...
 
 class AdmitBatchResponse(_message.Message):
-    __slots__ = ("results", "order")
+    __slots__ = ("results", "order", "ready_probability", "ordered_by")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
+    READY_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_BY_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AdmitResponse]
     order: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, results: _Optional[_Iterable[_Union[AdmitResponse, _Mapping]]] = ..., order: _Optional[_Iterable[str]] = ...) -> None: ...
+    ready_probability: _containers.RepeatedScalarFieldContainer[float]
+    ordered_by: str
+    def __init__(self, results: _Optional[_Iterable[_Union[AdmitResponse, _Mapping]]] = ..., order: _Optional[_Iterable[str]] = ..., ready_probability: _Optional[_Iterable[float]] = ..., ordered_by: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("request", "gang_id", "ttl_s")
