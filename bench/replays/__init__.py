@@ -1,1 +1,1 @@
-"""The replay experiments of ``bench/replay.py``; each writes a table and a plot under docs/replay/."""
+"""Replay experiments of bench/replay.py; each writes a table and a plot under docs/replay/."""

@@ -13,7 +13,6 @@ from agent.core.types import (
     AdmissionRequest,
     AdmitResult,
     Device,
-    MpsDaemonState,
     PriorityClass,
     SharingMode,
 )

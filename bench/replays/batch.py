@@ -72,8 +72,8 @@ class Scorers:
         table: dict[str, Callable[[], Any]] = {
             "fcfs": lambda: None,
             "shortest-duration": lambda: [-float(r["declared_duration_s"]) for r in rows],
-            "smallest-first": lambda: (-gpus).tolist(),
-            "largest-first": lambda: gpus.tolist(),
+            "smallest-first": (-gpus).tolist,
+            "largest-first": gpus.tolist,
             "random": lambda: (
                 np.random.default_rng([self.seed, attempt]).random(len(rows)).tolist()
             ),
