@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.admission.policy import Placement
-from bench.replays import batch, fragmentation, gang
+from bench.replays import batch, common, fragmentation, gang, openb, quota
 
 EXPERIMENTS = ("batch", "openb", "fragmentation", "gang", "quota")
 
@@ -78,6 +78,24 @@ def run_gang(_args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_quota(args: argparse.Namespace) -> dict[str, Any]:
+    table, timelines = quota.run(streams=args.streams)
+    quota.report(table, timelines, args.streams)
+    return {r["policy"]: {k: round(v, 3) for k, v in r.items() if k != "policy"} for r in table}
+
+
+def run_openb(args: argparse.Namespace) -> dict[str, Any]:
+    if args.openb is None:
+        print("openb: skipped (no --openb folder)", file=sys.stderr)
+        return {"skipped": "no --openb folder"}
+    table = openb.run(args.openb)
+    openb.report(table)
+    return {
+        f"{r['rule']}@{r['supply']:g}x{r['speedup']:g}": round(r["admitted_share"], 4)
+        for r in table
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiment", choices=("all", *EXPERIMENTS))
@@ -87,17 +105,30 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000, help="synthetic pool per seed")
     parser.add_argument("--streams", type=int, default=20, help="random streams (quota)")
     parser.add_argument("--sensitivity", action="store_true", help="also first- and worst-fit")
+    parser.add_argument(
+        "--out", type=Path, help="write tables and plots here (default docs/replay)"
+    )
     args = parser.parse_args()
     if args.openb is not None and not (args.openb / "openb_node_list_gpu_node.csv").is_file():
         parser.error(f"{args.openb} has no openb_node_list_gpu_node.csv")
+    if args.out is not None:
+        common.OUT = args.out
     chosen = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     headline: dict[str, Any] = {}
-    runners = {"batch": run_batch, "fragmentation": run_fragmentation, "gang": run_gang}
+    runners = {
+        "batch": run_batch,
+        "fragmentation": run_fragmentation,
+        "gang": run_gang,
+        "quota": run_quota,
+        "openb": run_openb,
+    }
     for name in chosen:
         started = time.monotonic()
         print(f"{name} ...", file=sys.stderr)
         headline[name] = runners[name](args)
-        print(f"{name}: {time.monotonic() - started:.1f} s, docs/replay/{name}.md", file=sys.stderr)
+        print(
+            f"{name}: {time.monotonic() - started:.1f} s, {common.OUT}/{name}.md", file=sys.stderr
+        )
     print(json.dumps(headline))
 
 

@@ -32,6 +32,7 @@ from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
 from agent.runtime.lock import InstanceLock
 from agent.runtime.node import NodeService
+from agent.runtime.notify import notify
 from agent.runtime.readiness import ineffective_ratio
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, reap_children
@@ -206,6 +207,7 @@ class App:
             await server.start()
         self._started = True
         self.ready.set()
+        notify(f"READY=1\nSTATUS=serving {len(self.devices)} device(s)\nMAINPID={os.getpid()}")
         log.info("agent ready (pid %d, socket %s)", os.getpid(), self.settings.unix_socket_path)
 
     async def _start_telemetry(self) -> None:
@@ -286,6 +288,7 @@ class App:
         self._stopping = True
         plan = self._shutdown
         plan.begin()
+        notify("STOPPING=1")
         for server in self.servers:
             await plan.step("stop gRPC", server.stop(plan.share(0.2)))
         if self.http is not None:

@@ -39,9 +39,10 @@ def jain(values: Sequence[float]) -> float:
 
 def write_table(name: str, rows: Sequence[Row], *, title: str, note: str = "") -> None:
     """``docs/replay/<name>.csv`` and ``<name>.md`` (numbers to 4 significant digits)."""
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = OUT  # read at call time: bench/replay.py --out replaces it
+    out.mkdir(parents=True, exist_ok=True)
     columns = list(rows[0])
-    with open(OUT / f"{name}.csv", "w", newline="") as f:
+    with open(out / f"{name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows({k: _cell(v) for k, v in r.items()} for r in rows)
@@ -51,7 +52,7 @@ def write_table(name: str, rows: Sequence[Row], *, title: str, note: str = "") -
     lines.append("| " + " | ".join(columns) + " |")
     lines.append("|" + "---|" * len(columns))
     lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
-    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 def _cell(value: Any) -> str:
@@ -97,6 +98,7 @@ def plot(
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, ncol=2)
     figure.tight_layout()
-    OUT.mkdir(parents=True, exist_ok=True)
-    figure.savefig(OUT / f"{name}.png")
+    out = OUT  # read at call time: bench/replay.py --out replaces it
+    out.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out / f"{name}.png")
     plt.close(figure)
