@@ -82,3 +82,12 @@ def test_configuration_reference_is_up_to_date() -> None:
     assert checked_in == render(), (
         "docs/configuration.md is stale: python -m agent.config.reference > docs/configuration.md"
     )
+
+
+def test_api_reference_is_up_to_date() -> None:
+    from agent.api.proto.reference import PROTO, reference
+
+    checked_in = (REPO / "docs" / "api.md").read_text()
+    assert checked_in == reference(PROTO.read_text()), (
+        "docs/api.md is stale: python -m agent.api.proto.reference > docs/api.md"
+    )

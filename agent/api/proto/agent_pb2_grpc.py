@@ -126,19 +126,22 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Commit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Turn every reservation of a gang into a lease (idempotent).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Free every reservation of a gang (idempotent).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """End a lease and free its capacity (idempotent).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -172,13 +175,15 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Undrain(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Admin only: open drained devices again.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ClearStale(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Admin only: a janitor pass now (dry_run: list what it would do, change nothing).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
