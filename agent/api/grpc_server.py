@@ -24,6 +24,7 @@ from agent.api.auth import TlsFiles, TokenInterceptor
 from agent.api.ports import EventFeed, NodeApi
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.api.registration import add_agent_service
 from agent.core.errors import (
     ConflictError,
     GpushareError,
@@ -233,7 +234,7 @@ class GrpcServer:
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
         )
-        pb_grpc.add_AgentServicer_to_server(self._service, server)
+        add_agent_service(self._service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
