@@ -37,7 +37,7 @@ from agent.runtime.node import NodeService
 from agent.runtime.readiness import lease_marker
 
 log = logging.getLogger(__name__)
-FAULT_EVENTS = ("mps.server_fatal", "gpu.xid")
+FAULT_EVENTS = ("mps.server_fatal", "gpu.xid", "gpu.ecc_double_bit", "gpu.fatal_poison")
 
 
 def process_facts(pids: Iterable[int]) -> dict[int, ProcessFact]:

@@ -1,0 +1,43 @@
+"""The reliability suite at its CI size: the real agent under load, kill -9 restarts, MPS
+daemon kills, a vanished telemetry endpoint, an unwritable store and hostile input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, subprocess_env
+
+
+@pytest.mark.timeout(600)
+def test_the_small_reliability_run_holds() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "reliability.py"), "--small"],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["ok"], result
+    load, restarts = result["load"], result["restarts"]
+    assert load["lost"] == load["duplicated"] == load["invariant_violations"] == 0
+    assert load["admitted"] > 100
+    assert restarts["lost"] == restarts["duplicated"] == 0
+    good, checked = map(int, restarts["retries_same_lease"].split("/"))
+    assert good == checked > 0
+    assert result["mps"]["refused_while_down"].startswith(str(result["mps"]["mps_kill9"]))
+    telemetry = result["telemetry"]
+    assert telemetry["telemetry_gone_to_unready_s"] is not None
+    assert telemetry["telemetry_back_to_ready_s"] is not None
+    unwritable = result["unwritable"]
+    if "unwritable_store" not in unwritable:  # skipped where nothing can be mounted
+        assert unwritable["unwritable_fails_closed"]
+    bad = result["bad_input"]
+    assert bad["hostile_requests"] >= 1000
+    assert bad["internal_or_unknown"] == bad["crashes"] == 0
