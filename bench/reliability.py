@@ -90,7 +90,9 @@ async def restarts(root: Path, size: dict[str, int]) -> dict[str, Any]:
     for _ in range(size["restarts"]):
         agent.start()
         recovery.append(await agent.ready())
-        burst = asyncio.create_task(callers(f"127.0.0.1:{agent.tcp_port}", 16, 5.0, ledger))
+        burst = asyncio.create_task(
+            callers(f"127.0.0.1:{agent.tcp_port}", size["callers"], 5.0, ledger)
+        )
         await asyncio.sleep(random.uniform(0.5, 1.5))
         agent.kill9()
         await burst
