@@ -90,6 +90,15 @@ sizings = st.builds(
     context_length=uint32,
     concurrent_sequences=uint32,
 )
+jobs = st.builds(
+    pb.Job,
+    job_type=texts,
+    model_type=texts,
+    generative=st.booleans(),
+    requested_gpus=floats,
+    declared_duration_s=floats,
+    scheduling_delay_s=floats,
+)
 requests = st.builds(
     pb.Request,
     request_id=texts,
@@ -101,6 +110,7 @@ requests = st.builds(
     profile=texts,
     retention_floor=floats,
     gpu_model=texts,
+    job=jobs,
 ) | st.builds(
     pb.Request,
     request_id=st.from_regex(r"[a-z0-9-]{1,20}", fullmatch=True),
