@@ -186,6 +186,3 @@ class Janitor:
             await step
         except GpushareError as exc:
             log.warning("janitor could not act on %s: %s", what, exc)
-
-    def faulted(self) -> dict[str, str]:
-        return dict(self._faults)
