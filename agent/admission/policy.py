@@ -87,6 +87,13 @@ def check(
     if refusal is not None:
         reason, detail = refusal
         return DeviceAttempt(view.device.uuid, fits=False, reason=reason, detail=detail)
+    return _gated(view, request, gate)
+
+
+def _gated(
+    view: DeviceView, request: AdmissionRequest, gate: RetentionGate | None
+) -> DeviceAttempt:
+    """The retention gate's word on a device whose rules already pass."""
     if gate is None or not view.leases:
         return DeviceAttempt(view.device.uuid, fits=True)
     verdict = gate(view, request)
@@ -195,13 +202,17 @@ def _attempts_in_fit_order(
     attempts: dict[int, DeviceAttempt] = {}
     passing: list[int] = []
     for at, view in enumerate(views):
-        refused = check(view, request, rules, gate=None)
-        if refused.fits:
+        refused = _refusal(view, request, rules)
+        if refused is None:
             passing.append(at)
-        attempts[at] = refused
+            attempts[at] = DeviceAttempt(view.device.uuid, fits=True)
+        else:
+            attempts[at] = DeviceAttempt(
+                view.device.uuid, fits=False, reason=refused[0], detail=refused[1]
+            )
     passing.sort(key=lambda at: _fit_key(views[at], request, rules))
     for position, at in enumerate(passing):
-        attempt = check(views[at], request, rules, gate)
+        attempt = _gated(views[at], request, gate)
         attempts[at] = attempt
         if attempt.fits:
             for later in passing[position + 1 :]:

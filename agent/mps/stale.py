@@ -17,7 +17,7 @@ applies the actions; this module only decides, so every rule is tested with tabl
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.core.lease import Lease, LeaseState
@@ -82,6 +82,20 @@ class Policy:
     memory: str = "report"  # or "enforce"
 
 
+def clients_on(
+    daemons: Sequence[MpsDaemonState], device_uuid: str, keep: Callable[[int], bool]
+) -> tuple[tuple[int, int], ...]:
+    """(server PID, client PID) of the device's MPS clients that ``keep`` selects."""
+    return tuple(
+        (server.pid, pid)
+        for daemon in daemons
+        if daemon.device_uuid == device_uuid
+        for server in daemon.servers
+        for pid in server.client_pids
+        if keep(pid)
+    )
+
+
 def plan(facts: Facts, memory: Memory, policy: Policy) -> tuple[list[Action], Memory]:
     """This pass's actions and what to remember for the next, in a stable order."""
     faulted = [d for d in facts.daemons if d.device_uuid in facts.faults]
@@ -99,7 +113,7 @@ def plan(facts: Facts, memory: Memory, policy: Policy) -> tuple[list[Action], Me
 def _fail_device(daemon: MpsDaemonState, facts: Facts) -> Action:
     uuid = daemon.device_uuid
     leases = tuple(x.lease_id for x in facts.leases if x.device_uuid == uuid)
-    clients = tuple((s.pid, c) for s in daemon.servers for c in s.client_pids)
+    clients = clients_on([daemon], uuid, lambda _pid: True)
     servers = tuple(s.pid for s in daemon.servers)
     return Action(
         ActionKind.FAIL_DEVICE,
@@ -207,14 +221,8 @@ def _memory(facts: Facts, memory: Memory, policy: Policy) -> tuple[list[Action],
         violating.add(lease.lease_id)
         if lease.lease_id in memory.violating:
             continue  # acted on already, still over
-        clients = tuple(
-            (server.pid, pid)
-            for daemon in facts.daemons
-            if daemon.device_uuid == lease.device_uuid
-            for server in daemon.servers
-            for pid in server.client_pids
-            if facts.processes.get(pid, ProcessFact(ProcessState.GONE)).lease_id == lease.lease_id
-        )
+        own = {pid for pid, fact in facts.processes.items() if fact.lease_id == lease.lease_id}
+        clients = clients_on(facts.daemons, lease.device_uuid, own.__contains__)
         enforce = policy.memory == "enforce"
         actions.append(
             Action(

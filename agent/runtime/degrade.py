@@ -21,8 +21,10 @@ from agent.core.errors import GpushareError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import ReasonCode, WindowSample
 from agent.mps.port import MpsManager
+from agent.mps.stale import clients_on
 from agent.runtime.events import EventLog
 from agent.runtime.gate import ProfileGate
+from agent.runtime.janitor import terminate_clients
 from agent.runtime.node import NodeService
 
 log = logging.getLogger(__name__)
@@ -107,15 +109,9 @@ class DegradationMonitor:
         self._count("evict", f"evicting lease {lease_id}: {reason}", uuid, lease_id)
         lease = self._node.leases.get(lease_id)
         pids = set(lease.client_pids) if lease is not None else set()
-        for daemon in self._mps.states():
-            if daemon.device_uuid != uuid:
-                continue
-            for server in daemon.servers:
-                for pid in sorted(pids & set(server.client_pids)):
-                    try:
-                        await self._mps.terminate_client(uuid, server.pid, pid)
-                    except GpushareError as exc:
-                        log.warning("could not terminate client %d of %s: %s", pid, lease_id, exc)
+        await terminate_clients(
+            self._mps, uuid, clients_on(self._mps.states(), uuid, pids.__contains__)
+        )
         await self._node.end_leases([lease_id], LeaseState.EVICTED, f"device degraded: {reason}")
 
     def _count(self, kind: str, message: str, uuid: str, lease_id: str | None = None) -> None:

@@ -175,14 +175,22 @@ class Janitor:
             self._events("device.fault_cleared", "open to new leases again", device_uuid=device)
 
     async def _terminate(self, device: str | None, clients: tuple[tuple[int, int], ...]) -> None:
-        for server, client in clients:
-            assert device is not None
-            await self._quietly(
-                self._mps.terminate_client(device, server, client), f"client {client}"
-            )
+        if device is not None:
+            await terminate_clients(self._mps, device, clients)
 
     async def _quietly(self, step: Awaitable[None], what: str) -> None:
         try:
             await step
         except GpushareError as exc:
             log.warning("janitor could not act on %s: %s", what, exc)
+
+
+async def terminate_clients(
+    mps: MpsManager, device_uuid: str, clients: Iterable[tuple[int, int]]
+) -> None:
+    """``terminate_client`` for each (server, client); a failure is logged, not raised."""
+    for server, client in clients:
+        try:
+            await mps.terminate_client(device_uuid, server, client)
+        except GpushareError as exc:
+            log.warning("could not terminate client %d of server %d: %s", client, server, exc)
