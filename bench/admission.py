@@ -20,9 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,66 +30,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
+from harness import TOKEN, Agent  # noqa: E402
 
 from agent.client import AgentClient, Priority  # noqa: E402
 
-TOKEN = "bench-token-0123456789abcdef"
 
-
-def start_agent(root: Path, sync: str) -> tuple[subprocess.Popen[bytes], int]:
-    (root / "token").write_text(TOKEN)
-    port_file = root / "port"
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    port_file.write_text(str(port))
-    args = [
-        sys.executable,
-        "-m",
-        "agent",
-        "--socket",
-        str(root / "agent.sock"),
-        "serve",
-        "--sim",
-        "--http-listen",
-        "",
-        "--tcp-listen",
-        f"127.0.0.1:{port}",
-        "--set",
-        f"api.token_file={root / 'token'}",
-        "--set",
-        f"paths.runtime_dir={root}",
-        "--set",
-        f"paths.state_dir={root}/state",
-        "--set",
-        "mps.probe_interval_s=3600",
-        "--set",
-        f"paths.state_sync={sync}",
-        "--log-level",
-        "warning",
-    ]
-    process = subprocess.Popen(
-        args,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+def start_agent(root: Path, sync: str) -> Agent:
+    agent = Agent(
+        root,
+        ("--set", "mps.probe_interval_s=3600", "--set", f"paths.state_sync={sync}"),
     )
-    return process, port
-
-
-async def wait_ready(target: str) -> None:
-    deadline = time.monotonic() + 30
-    async with AgentClient(target, token=TOKEN, attempts=1, timeout_s=1) as agent:
-        while True:
-            try:
-                await agent.ping()
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+    agent.start()
+    return agent
 
 
 async def run_callers(target: str, callers: int, seconds: float, kind: str) -> list[float]:
@@ -172,14 +121,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gs-adm-", dir="/tmp") as tmp:
-        process, port = start_agent(Path(tmp), args.sync)
+        agent = start_agent(Path(tmp), args.sync)
         try:
-            target = f"127.0.0.1:{port}"
-            asyncio.run(wait_ready(target))
-            result = asyncio.run(measure(target, args.seconds, process.pid))
+            asyncio.run(agent.ready())
+            assert agent.process is not None
+            target = f"127.0.0.1:{agent.tcp_port}"
+            result = asyncio.run(measure(target, args.seconds, agent.process.pid))
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+            agent.stop()
     print(
         f"{'callers':>8} {'admit p50':>10} {'admit p99':>10} {'noop p50':>9} "
         f"{'admits/s':>9} {'noops/s':>8}"

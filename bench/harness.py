@@ -1,5 +1,5 @@
-"""Pieces of bench/reliability.py: a real agent process, load, the store read back, and
-hostile requests."""
+"""The real agent as a process for the benchmarks (simulated node, a TCP listener with a
+token, logs to a file), load generators, the store read back, and hostile requests."""
 
 from __future__ import annotations
 
