@@ -38,7 +38,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reliability_parts import (
+from harness import (
     TOKEN,
     Agent,
     Ledger,
