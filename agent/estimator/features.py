@@ -15,7 +15,7 @@ missing from a record reads as 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -142,3 +142,12 @@ def _max_of_others(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     is_top = order[0][None, :] == np.arange(values.shape[0])[:, None]
     others: npt.NDArray[np.float64] = np.where(is_top, second[None, :], first[None, :])
     return others
+
+
+def busy_shares(counters: Mapping[str, float], thread_pct: float = 100.0) -> tuple[float, float]:
+    """How much of the SMs and of the memory bus a workload keeps busy, from its counters
+    (``sm_active``, else ``gpu_util`` / 100; ``dram_active``, else ``mem_util`` / 100), the
+    SM share capped by its thread percentage; both in [0, 1]."""
+    sm = counters.get("sm_active", counters.get("gpu_util", 0.0) / 100.0)
+    dram = counters.get("dram_active", counters.get("mem_util", 0.0) / 100.0)
+    return max(0.0, min(float(sm), thread_pct / 100.0, 1.0)), max(0.0, min(float(dram), 1.0))

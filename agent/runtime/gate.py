@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from agent.admission.policy import DeviceView
 from agent.core.lease import Lease
 from agent.core.types import AdmissionRequest, RetentionVerdict
+from agent.estimator.features import busy_shares
 from agent.estimator.model import RetentionModel
 from agent.estimator.profiles import Profile
 from agent.estimator.records import Workload
@@ -156,19 +157,13 @@ class ProfileGate:
 UNATTRIBUTED_MIN = 0.02  # measured busy above the declared sum that counts as interference
 
 
-def _busy(counters: Mapping[str, float], thread_pct: float = 100.0) -> tuple[float, float]:
-    sm = counters.get("sm_active", counters.get("gpu_util", 0.0) / 100.0)
-    dram = counters.get("dram_active", counters.get("mem_util", 0.0) / 100.0)
-    return min(float(sm), thread_pct / 100.0, 1.0), min(float(dram), 1.0)
-
-
 def unattributed(workloads: list[Workload], measured: Mapping[str, float]) -> Workload | None:
     """The load a device shows beyond what its workloads' solo signatures add up to (capped
     at a full device), as a workload; None when the signatures explain what is measured."""
-    declared = [_busy(w.counters, w.thread_pct) for w in workloads]
+    declared = [busy_shares(w.counters, w.thread_pct) for w in workloads]
     sm_expected = min(1.0, sum(d[0] for d in declared))
     dram_expected = min(1.0, sum(d[1] for d in declared))
-    sm_now, dram_now = _busy(measured)
+    sm_now, dram_now = busy_shares(measured)
     sm_extra = max(0.0, sm_now - sm_expected)
     dram_extra = max(0.0, dram_now - dram_expected)
     if sm_extra < UNATTRIBUTED_MIN and dram_extra < UNATTRIBUTED_MIN:

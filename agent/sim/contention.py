@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.estimator.features import busy_shares
+
 IDLE_POWER_W = 70.0
 BUSY_POWER_W = 700.0
 
@@ -37,13 +39,11 @@ class Load:
 
 
 def compute_demand(load: Load) -> float:
-    solo = load.counters.get("sm_active", load.counters.get("gpu_util", 0.0) / 100.0)
-    return max(0.0, min(float(solo), load.thread_pct / 100.0, 1.0))
+    return busy_shares(load.counters, load.thread_pct)[0]
 
 
 def memory_demand(load: Load) -> float:
-    solo = load.counters.get("dram_active", load.counters.get("mem_util", 0.0) / 100.0)
-    return max(0.0, min(float(solo), 1.0))
+    return busy_shares(load.counters)[1]
 
 
 def _share(demands: Sequence[float]) -> float:
