@@ -103,6 +103,8 @@ class Ledger:
     """What the callers were told: acknowledged admissions and releases, latencies."""
 
     admitted: dict[str, str] = field(default_factory=dict)  # request id -> lease id
+    # request id -> (memory bytes, thread %): a retry must send the same request
+    sizes: dict[str, tuple[int, float]] = field(default_factory=dict)
     released: set[str] = field(default_factory=set)
     latencies_s: list[float] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -115,12 +117,15 @@ async def callers(target: str, count: int, seconds: float, ledger: Ledger) -> No
     async def one(client: AgentClient) -> None:
         while time.monotonic() < deadline:
             request_id = f"r-{uuid.uuid4().hex}"
+            memory_bytes = random.choice((2, 4, 8)) * GIB
+            thread_pct = random.choice((5.0, 10.0, 25.0))
+            ledger.sizes[request_id] = (memory_bytes, thread_pct)
             started = time.perf_counter()
             try:
                 answer = await client.admit(
                     request_id=request_id, tenant="load", trust_domain="load",
-                    priority=Priority.BEST_EFFORT, memory_bytes=random.choice((2, 4, 8)) * GIB,
-                    thread_pct=random.choice((5.0, 10.0, 25.0)),
+                    priority=Priority.BEST_EFFORT, memory_bytes=memory_bytes,
+                    thread_pct=thread_pct,
                 )  # fmt: skip
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.01)

@@ -117,10 +117,11 @@ async def retried_ids_answer_the_same(agent: Agent, ledger: Ledger) -> str:
     async with AgentClient(f"127.0.0.1:{agent.tcp_port}", token=TOKEN, attempts=1) as client:
         for request_id, lease in list(ledger.admitted.items())[:40]:
             checked += 1
+            memory_bytes, thread_pct = ledger.sizes[request_id]
             try:
                 answer = await client.admit(
                     request_id=request_id, tenant="load", trust_domain="load", priority=3,
-                    memory_bytes=2**30, thread_pct=5.0,
+                    memory_bytes=memory_bytes, thread_pct=thread_pct,
                 )  # fmt: skip
                 good += answer.lease.lease_id == lease
             except grpc.aio.AioRpcError as error:

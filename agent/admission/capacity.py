@@ -70,8 +70,9 @@ def place_batch(
         if decision.admitted:
             assert decision.device_uuid is not None
             view = current[decision.device_uuid]
+            pending = _pending(request, view.device.uuid, now)
             current[view.device.uuid] = dataclasses.replace(
-                view, leases=(*view.leases, _pending(request, view.device.uuid, now))
+                view, leases=(*view.leases, pending), tally=view.totals().plus(pending)
             )
         decisions.append(decision)
     return decisions

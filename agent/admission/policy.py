@@ -52,23 +52,65 @@ class RetentionGate(Protocol):
 
     def __call__(self, view: DeviceView, request: AdmissionRequest) -> RetentionVerdict: ...
 
+    def explaining(self) -> RetentionGate:
+        """The same gate for Explain: it shows every prediction, even where nothing could
+        be refused."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What the leases on a device commit, kept incrementally by the ledger."""
+
+    memory_bytes: int = 0
+    thread_pct: float = 0.0
+    guaranteed_thread_pct: float = 0.0
+    clients: int = 0
+
+    def plus(self, lease: Lease, sign: int = 1) -> Tally:
+        guaranteed = lease.thread_pct if lease.priority is PriorityClass.GUARANTEED else 0.0
+        return Tally(
+            self.memory_bytes + sign * lease.memory_bytes,
+            round(self.thread_pct + sign * lease.thread_pct, 9),
+            round(self.guaranteed_thread_pct + sign * guaranteed, 9),
+            self.clients + sign,
+        )
+
+    def minus(self, lease: Lease) -> Tally:
+        return self.plus(lease, -1)
+
+    @staticmethod
+    def of(leases: Sequence[Lease]) -> Tally:
+        tally = Tally()
+        for lease in leases:
+            tally = tally.plus(lease)
+        return tally
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceView:
-    """A device and what holds capacity on it; ``closed`` says why it takes nothing now."""
+    """A device and what holds capacity on it; ``closed`` says why it takes nothing now.
+
+    ``tally`` is the ledger's running sum over ``leases`` (computed here when absent);
+    ``pinned`` are leases whose own write is in flight: never picked as victims."""
 
     device: Device
     leases: tuple[Lease, ...] = ()
     closed: ReasonCode | None = None
     closed_detail: str = ""
+    tally: Tally | None = None
+    pinned: frozenset[str] = frozenset()
+
+    def totals(self) -> Tally:
+        return self.tally if self.tally is not None else Tally.of(self.leases)
 
     @property
     def memory_committed_bytes(self) -> int:
-        return sum(lease.memory_bytes for lease in self.leases)
+        return self.totals().memory_bytes
 
     @property
     def threads_committed_pct(self) -> float:
-        return sum(lease.thread_pct for lease in self.leases)
+        return self.totals().thread_pct
 
 
 def memory_left_bytes(view: DeviceView, rules: Rules, *, extra_clients: int = 0) -> int:
@@ -139,9 +181,7 @@ def _refusal(
             f"threads would reach {threads:g}% of a {rules.thread_budget_pct:g}% budget"
         )
     if request.priority is PriorityClass.GUARANTEED:
-        guaranteed = request.thread_pct + sum(
-            lease.thread_pct for lease in view.leases if lease.priority is PriorityClass.GUARANTEED
-        )
+        guaranteed = request.thread_pct + view.totals().guaranteed_thread_pct
         if guaranteed > rules.guaranteed_budget_pct + 1e-9:
             return ReasonCode.NO_COMPUTE, (
                 f"guaranteed threads would reach {guaranteed:g}% of "
@@ -308,6 +348,7 @@ def preemption_plan(
                 for lease in view.leases
                 if lease.priority is PriorityClass.BEST_EFFORT
                 and lease.state in (LeaseState.ADMITTED, LeaseState.READY)
+                and lease.lease_id not in view.pinned
             ),
             key=lambda lease: -lease.created_at,
         )

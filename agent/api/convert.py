@@ -169,4 +169,5 @@ def event_to_pb(event: Event) -> pb.Event:
         device_uuid=event.device_uuid or "",
         lease_id=event.lease_id or "",
         attrs=dict(event.attrs),
+        epoch=event.epoch,
     )

@@ -26,6 +26,7 @@ from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.api.registration import add_agent_service
 from agent.core.errors import (
+    AlreadyExistsError,
     ConflictError,
     GpushareError,
     LeaseTransitionError,
@@ -34,6 +35,7 @@ from agent.core.errors import (
     UnitError,
     ValidationError,
 )
+from agent.core.lease import Lease
 from agent.core.types import AdmitResult
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,10 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
 SOCKET_MODE = 0o660
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+WATCH_PAGE = 500  # events a watcher reads at a time
+WATCH_MAX_LAG = 10_000  # a live watcher's bounded send queue, in events
 STATUS = {
+    AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     LeaseTransitionError: grpc.StatusCode.INTERNAL,  # a bug: never retry it
     ValidationError: grpc.StatusCode.INVALID_ARGUMENT,
     UnitError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -53,15 +58,18 @@ Context = grpc.aio.ServicerContext[Any, Any]
 T = TypeVar("T")
 
 
+def status_of(exc: GpushareError) -> grpc.StatusCode:
+    return next(
+        (c for cls, c in STATUS.items() if isinstance(exc, cls)), grpc.StatusCode.UNAVAILABLE
+    )
+
+
 async def answer(context: Context, call: Callable[[], Awaitable[T]]) -> T:
     """Run a handler body, mapping the agent's errors to gRPC status codes."""
     try:
         return await call()
     except GpushareError as exc:
-        code = next(
-            (c for cls, c in STATUS.items() if isinstance(exc, cls)), grpc.StatusCode.UNAVAILABLE
-        )
-        await context.abort(code, str(exc))
+        await context.abort(status_of(exc), str(exc))
     except Exception:
         log.exception("internal error in %s", context)
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the agent log")
@@ -84,7 +92,14 @@ class AgentService(pb_grpc.AgentServicer):
 
     def _result(self, result: AdmitResult) -> pb.AdmitResponse:
         index = self._node.device_index(result.lease.device_uuid) if result.lease else 0
-        return convert.result_to_pb(result, index)
+        response = convert.result_to_pb(result, index)
+        if result.error is not None:
+            response.error_code = status_of(result.error).name
+            response.error_message = str(result.error)
+        return response
+
+    def _lease(self, lease: Lease) -> pb.Lease:
+        return convert.lease_to_pb(lease, self._node.device_index(lease.device_uuid))
 
     async def Ping(self, request: pb.PingRequest, context: Context) -> pb.PingResponse:
         return pb.PingResponse()
@@ -142,38 +157,59 @@ class AgentService(pb_grpc.AgentServicer):
     async def Commit(self, request: pb.GangRequest, context: Context) -> pb.GangResponse:
         async def run() -> pb.GangResponse:
             leases = await self._node.commit(validate.identifier(request.gang_id, "gang_id"))
-            return pb.GangResponse(leases=[convert.lease_to_pb(x) for x in leases])
+            return pb.GangResponse(leases=[self._lease(x) for x in leases])
 
         return await answer(context, run)
 
     async def Abort(self, request: pb.GangRequest, context: Context) -> pb.GangResponse:
         async def run() -> pb.GangResponse:
             leases = await self._node.abort(validate.identifier(request.gang_id, "gang_id"))
-            return pb.GangResponse(leases=[convert.lease_to_pb(x) for x in leases])
+            return pb.GangResponse(leases=[self._lease(x) for x in leases])
 
         return await answer(context, run)
 
     async def Release(self, request: pb.ReleaseRequest, context: Context) -> pb.ReleaseResponse:
         async def run() -> pb.ReleaseResponse:
             lease = await self._node.release(validate.identifier(request.lease_id, "lease_id"))
-            return pb.ReleaseResponse(lease=convert.lease_to_pb(lease))
+            return pb.ReleaseResponse(lease=self._lease(lease))
 
         return await answer(context, run)
 
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: Context
     ) -> AsyncIterator[pb.Event]:
+        """Catch up in pages (from the store's reader while behind the ring), then follow
+        the ring, woken once per published batch. A live watcher more than ``WATCH_MAX_LAG``
+        events behind is ended with RESOURCE_EXHAUSTED, naming where to resume."""
         last = request.since_seq
-        if last + 1 < self._events.oldest_seq:
-            for event in await self._events.stored_since(last, limit=100_000):
-                last = event.seq
-                yield convert.event_to_pb(event)
+        if last > self._events.last_seq:
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"since_seq {last} is beyond the last event ({self._events.last_seq})",
+            )
+        last = max(last, await self._events.first_stored_seq() - 1)
+        await context.send_initial_metadata((("gpushare-first-seq", str(last + 1)),))
+        live = False
         while True:
             change = self._events.change()
-            for event in self._events.since(last):
+            if last + 1 < self._events.oldest_seq:
+                page = await self._events.stored_since(last, limit=WATCH_PAGE)
+                live = False
+            else:
+                if live and self._events.last_seq - last > WATCH_MAX_LAG:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"this watcher fell {self._events.last_seq - last} events behind; "
+                        f"resume with since_seq={last}",
+                    )
+                page = self._events.since(last, limit=WATCH_PAGE)
+                live = True
+            if not page:
+                await change.wait()
+                continue
+            for event in page:
                 last = event.seq
                 yield convert.event_to_pb(event)
-            await change.wait()
 
     async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
         await self._admin_only(context, "Drain")

@@ -37,15 +37,21 @@ class NodeApi(Protocol):
 
 
 class EventFeed(Protocol):
-    """Numbered events: the recent ones in memory, older ones from the store."""
+    """Numbered events: the recent ones in memory (dense numbers), older ones from the
+    store's reader."""
 
-    def since(self, seq: int = 0) -> list[Event]: ...
+    def since(self, seq: int = 0, *, limit: int | None = None) -> list[Event]: ...
 
     @property
     def oldest_seq(self) -> int: ...
 
+    @property
+    def last_seq(self) -> int: ...
+
     def change(self) -> asyncio.Event:
-        """Set by the next event; take it before reading ``since``."""
+        """Set by the next published batch; take it before reading ``since``."""
         ...
 
     async def stored_since(self, seq: int, *, limit: int) -> list[Event]: ...
+
+    async def first_stored_seq(self) -> int: ...

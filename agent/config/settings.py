@@ -201,6 +201,18 @@ class AdmissionSettings:
         "10GiB/12.5,20GiB/25,40GiB/50",
         "Request sizes (memory/threads %) that stranded capacity is measured against.",
     )
+    ended_retention_s: float = _setting(
+        7 * 86400.0,
+        "How long an ended lease and its request id are kept: a retry within it gets the "
+        "same answer ('released', 'expired'); after it the id may be used again.",
+        min=60.0,
+    )
+    event_retention_s: float = _setting(
+        7 * 86400.0, "How long events are kept for WatchEvents catch-up.", min=60.0
+    )
+    max_events: int = _setting(
+        100_000, "Events kept at most for catch-up (the oldest go first).", min=1000
+    )
 
 
 @dataclass(frozen=True, slots=True)

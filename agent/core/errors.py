@@ -20,6 +20,7 @@ maps them onto gRPC status codes; the CLI maps them onto exit codes.
     ├── StateError             the durable store cannot read or write
     ├── NotFoundError          no such lease or gang
     └── ConflictError          the request contradicts the state (an expired gang, ...)
+        └── AlreadyExistsError    a request id reused for a different request
 """
 
 from __future__ import annotations
@@ -95,3 +96,7 @@ class NotFoundError(GpushareError):
 
 class ConflictError(GpushareError):
     """The request contradicts what is recorded (an expired reservation, a reused id)."""
+
+
+class AlreadyExistsError(ConflictError):
+    """A request id seen before arrives with a different request."""

@@ -80,6 +80,9 @@ class Lease:
     # The nine admission-time attributes of the readiness predictor (see HISTORY_ATTRIBUTES).
     attributes: Mapping[str, float | str] = field(default_factory=dict)
     ready_at: float | None = None  # when a client of it first appeared on its device
+    # Compare-and-set: every change of a lease makes a new version; a change computed from
+    # an older version is refused (see agent.runtime.ledger).
+    version: int = 1
 
 
 def can_transition(current: LeaseState, target: LeaseState) -> bool:
@@ -93,7 +96,14 @@ def transition(lease: Lease, target: LeaseState, *, at: float, reason: str = "")
             f"lease {lease.lease_id}: {lease.state.value} -> {target.value} is not allowed"
         )
     ready_at = at if target is LeaseState.READY else lease.ready_at
-    return dataclasses.replace(lease, state=target, updated_at=at, reason=reason, ready_at=ready_at)
+    return dataclasses.replace(
+        lease,
+        state=target,
+        updated_at=at,
+        reason=reason,
+        ready_at=ready_at,
+        version=lease.version + 1,
+    )
 
 
 HISTORY_ATTRIBUTES = (

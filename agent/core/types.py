@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from agent.core.errors import ValidationError
+from agent.core.errors import GpushareError, ValidationError
 
 if TYPE_CHECKING:
     from agent.core.lease import Lease
@@ -52,6 +52,7 @@ class ReasonCode(enum.StrEnum):
     EXCLUSIVE_BUSY = "EXCLUSIVE_BUSY"
     DEVICE_UNAVAILABLE = "DEVICE_UNAVAILABLE"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    REQUEST_ID_CONFLICT = "REQUEST_ID_CONFLICT"  # a batch item whose id cannot be used
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +216,11 @@ class WindowSample:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """Something the agent did or saw. ``seq`` increases monotonically per node."""
+    """Something the agent did or saw.
+
+    ``seq`` is dense and increasing per node (0 on a draft not yet written); ``epoch``
+    counts the agent's starts, so a watcher can tell a restart from a loss.
+    """
 
     seq: int
     at: float
@@ -224,6 +229,7 @@ class Event:
     device_uuid: str | None = None
     lease_id: str | None = None
     attrs: Mapping[str, str] = field(default_factory=dict)
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
@@ -256,12 +262,16 @@ class MpsDaemonState:
 
 @dataclass(frozen=True, slots=True)
 class AdmitResult:
-    """A decision, and when admitted the lease, its environment and the paths to mount."""
+    """A decision, and when admitted the lease, its environment and the paths to mount.
+
+    ``error`` is set on an item of a batch that could not be decided at all (a reused
+    request id, say): that item's own error, the others still stand."""
 
     decision: Decision
     lease: Lease | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[tuple[str, str], ...] = ()
+    error: GpushareError | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from agent.runtime.wiring import (
     retention_gate,
     standard_sizes,
 )
+from agent.state.port import Retention
 from agent.state.sqlite import SqliteStateStore
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ class App:
         self.devices = await self.ports.gpu.list_devices()
         await self.store.start()
         await self.events.resume(self.store)
-        self.supervisor.spawn("event-persister", self.events.persister(self.store))
+        self.supervisor.spawn("event-writer", self.events.writer())
         log.info(
             "node %s: %d device(s) on the %s backend%s; MPS control: %s",
             self.settings.runtime.node_name,
@@ -241,9 +242,15 @@ class App:
             ready_deadline_s=self.settings.readiness.deadline_s,
             gate=self.gate,
             readiness=self.readiness,
+            retention=Retention(
+                ended_s=self.settings.admission.ended_retention_s,
+                events_s=self.settings.admission.event_retention_s,
+                max_events=self.settings.admission.max_events,
+            ),
         )
         await self.node.load()
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
+        self.supervisor.spawn("state-pruner", self.node.pruner())
         assert self.sampler is not None
         self.control = build_control(
             self.settings,
@@ -294,6 +301,8 @@ class App:
         if self.http is not None:
             await plan.step("stop HTTP", self.http.stop())
         stuck = await self.supervisor.stop(timeout_s=plan.share(0.3))
+        if self.store.writable():
+            await plan.step("write the last events", self.events.flush_at_stop())
         if stuck:
             log.warning("tasks still running after cancellation: %s", ", ".join(stuck))
         await plan.step("stop MPS daemons", self.ports.mps.aclose())
@@ -312,17 +321,7 @@ class App:
         ledger: tuple[DeviceLedger, ...] = ()
         stranded_bytes, stranded_pct = 0, 0.0
         if node is not None:
-            ledger = tuple(
-                DeviceLedger(
-                    v.device.uuid,
-                    v.memory_committed_bytes,
-                    v.threads_committed_pct,
-                    len(v.leases),
-                    v.closed.value if v.closed else "",
-                    v.closed_detail,
-                )
-                for v in node.views()
-            )
+            ledger = node.device_ledgers()
             stranded = node.stranded()
             stranded_bytes, stranded_pct = stranded.memory_bytes, stranded.thread_pct
         return NodeSnapshot(

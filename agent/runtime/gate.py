@@ -60,9 +60,20 @@ def solo_counters(
 
 
 class ProfileGate:
-    def __init__(self, model: RetentionModel | None, profiles: Mapping[str, Profile]) -> None:
+    """The retention gate. ``always_predict=False`` (admission's hot path) skips the
+    prediction on a device where neither the request nor any lease has a floor: nothing
+    could be refused; Explain uses :meth:`explaining`, which always predicts."""
+
+    def __init__(
+        self,
+        model: RetentionModel | None,
+        profiles: Mapping[str, Profile],
+        *,
+        always_predict: bool = False,
+    ) -> None:
         self.model = model
         self.profiles = profiles
+        self.always_predict = always_predict
         self.name = (
             f"model {model.metadata.get('data_sha256', '?')[:12]} "
             f"({model.metadata.get('provenance', 'unknown data')})"
@@ -76,7 +87,17 @@ class ProfileGate:
         known = self.profiles.get(profile or "")
         return known.retention_floor if known is not None else None
 
+    def explaining(self) -> ProfileGate:
+        return ProfileGate(self.model, self.profiles, always_predict=True)
+
+    def _no_floor(self, view: DeviceView, request: AdmissionRequest) -> bool:
+        if self.floor_of(request.profile, request.retention_floor) is not None:
+            return False
+        return all(self.floor_of(x.profile, x.retention_floor) is None for x in view.leases)
+
     def __call__(self, view: DeviceView, request: AdmissionRequest) -> RetentionVerdict:
+        if not self.always_predict and self._no_floor(view, request):
+            return RetentionVerdict(True, {}, f"{self.name}; no floor on the device")
         candidate = _workload(
             "candidate",
             request.profile,

@@ -84,10 +84,11 @@ class Janitor:
         events.listeners.append(self._on_event)
 
     def _on_event(self, event: Event) -> None:
-        if event.kind in FAULT_EVENTS and event.device_uuid in self._node.devices:
+        uuid = event.device_uuid
+        if event.kind in FAULT_EVENTS and uuid is not None and uuid in self._node.devices:
             what = f"{event.kind}: {event.message}"
-            self._faults.setdefault(event.device_uuid, what)
-            self._node.close(event.device_uuid, "fault", ReasonCode.DEVICE_UNAVAILABLE, what)
+            self._faults.setdefault(uuid, what)
+            self._node.close(uuid, "fault", ReasonCode.DEVICE_UNAVAILABLE, what)
             self._wake.set()
 
     async def run(self) -> None:

@@ -1,8 +1,12 @@
-"""Lease transitions after admission: release, gang commit and abort, expiry, clear-stale.
+"""Lease transitions after admission: release, gang commit and abort, expiry, readiness,
+and the control loops' endings.
 
-Each is decided under the ledger lock and written durably before it answers; a failed write
-puts the ledger back as it was. Release, Commit and Abort are idempotent: asking again for
-what is already done answers the same, so a client may retry them safely.
+Each is decided under the ledger lock from the ledger's current copy (never the caller's),
+once no lease it touches has a write in flight; it is written outside the lock and applied
+when durable, so capacity is given back only once the freeing write is on disk and a failed
+write has changed nothing. A transition that no longer applies answers cleanly
+(``ConflictError`` or ``NotFoundError`` naming the lease and its state). Release, Commit
+and Abort are idempotent: asking again for what is done answers the same.
 """
 
 from __future__ import annotations
@@ -12,157 +16,233 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
-from agent.core.errors import ConflictError, NotFoundError, StateError
+from agent.core.errors import ConflictError, GpushareError, NotFoundError, StateError
 from agent.core.lease import ALLOWED_TRANSITIONS, Lease, LeaseState, transition
-from agent.core.types import Event
+from agent.runtime.journal import Journal, Write
+from agent.runtime.ledger import Ledger
 from agent.state.port import StateStore
 
 log = logging.getLogger(__name__)
+Plan = Callable[[], list[Lease]]
 
 
-class LeaseTransitions:
-    """Mixed into NodeService, which provides the ledger, the lock and the store."""
+class Transitions:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        journal: Journal,
+        store: StateStore,
+        lock: asyncio.Lock,
+        clock: Callable[[], float],
+    ) -> None:
+        self._ledger = ledger
+        self._journal = journal
+        self._store = store
+        self._lock = lock
+        self._clock = clock
 
-    leases: dict[str, Lease]
-    _lock: asyncio.Lock
-    _store: StateStore
-    _clock: Callable[[], float]
-    _ended: dict[str, Lease]
-    _expired_gangs: set[str]
-
-    def _remember(self, lease: Lease) -> None:
-        raise NotImplementedError
-
-    def _lease_event(self, lease: Lease) -> Event:
-        raise NotImplementedError
-
-    async def _move(self, leases: list[Lease], target: LeaseState, reason: str) -> list[Lease]:
-        now = self._clock()
-        async with self._lock:
-            current = [self.leases.get(x.lease_id, x) for x in leases]
-            moved = [transition(lease, target, at=now, reason=reason) for lease in current]
-            for lease in moved:
-                self._remember(lease)
-        try:
-            await asyncio.shield(self._store.commit(moved, [self._lease_event(x) for x in moved]))
-        except StateError:
-            for lease in current:
-                self._remember(lease)
-            raise
+    async def _run(self, ids: Callable[[], Sequence[str]], plan: Plan) -> list[Lease]:
+        """Under the lock, once none of ``ids()`` is busy: ``plan`` computes the changes
+        from the ledger as it is; they are written, and applied once durable."""
+        while True:
+            async with self._lock:
+                waits = self._ledger.busy(ids())
+                if not waits:
+                    moved = plan()
+                    if not moved:
+                        return []
+                    write: Write = self._journal.write(moved)
+                    break
+            await asyncio.wait(waits)
+        await asyncio.shield(write)
         return moved
+
+    def _moves(self, ids: Sequence[str], target: LeaseState, reason: str) -> list[Lease]:
+        now = self._clock()
+        live = [self._ledger.live.get(i) for i in ids]
+        return [
+            transition(x, target, at=now, reason=reason)
+            for x in live
+            if x is not None and target in ALLOWED_TRANSITIONS[x.state]
+        ]
+
+    # -- the control loops' endings ---------------------------------------------------------
 
     async def end_leases(
         self, lease_ids: Sequence[str], target: LeaseState, reason: str
     ) -> list[Lease]:
-        """End those of ``lease_ids`` still live (the control loops' way: released, failed,
-        evicted); ones that ended meanwhile are left as they are."""
-        live = [self.leases[i] for i in lease_ids if i in self.leases]
-        live = [x for x in live if target in ALLOWED_TRANSITIONS[x.state]]
-        return await self._move(live, target, reason) if live else []
+        """End those of ``lease_ids`` still live (released, failed, evicted); ones that
+        ended meanwhile are left as they are."""
+        return await self._run(lambda: lease_ids, lambda: self._moves(lease_ids, target, reason))
+
+    async def mark_ready(self, lease: Lease, client_pids: list[int]) -> Lease | None:
+        """A client of the lease appeared on its device. Refused (None) if the lease moved
+        since ``lease`` was read."""
+
+        def plan() -> list[Lease]:
+            current = self._ledger.live.get(lease.lease_id)
+            if current is None or current.version != lease.version:
+                return []
+            if current.state is not LeaseState.ADMITTED:
+                return []
+            ready = transition(
+                current,
+                LeaseState.READY,
+                at=self._clock(),
+                reason=f"client {client_pids[0]} connected",
+            )
+            return [dataclasses.replace(ready, client_pids=tuple(client_pids))]
+
+        moved = await self._run(lambda: [lease.lease_id], plan)
+        return moved[0] if moved else None
+
+    async def mark_ineffective(self, lease: Lease) -> Lease | None:
+        """Never ready by its deadline: the lease ends and its capacity is freed. Refused
+        (None) if the lease moved since ``lease`` was read."""
+
+        def plan() -> list[Lease]:
+            current = self._ledger.live.get(lease.lease_id)
+            if current is None or current.version != lease.version:
+                return []
+            reason = "no client appeared before the readiness deadline"
+            return self._moves([lease.lease_id], LeaseState.INEFFECTIVE, reason)
+
+        moved = await self._run(lambda: [lease.lease_id], plan)
+        return moved[0] if moved else None
+
+    # -- the scheduler's calls --------------------------------------------------------------
 
     async def release(self, lease_id: str) -> Lease:
-        lease = self.leases.get(lease_id)
-        if lease is None:
-            ended = self._ended.get(lease_id)
-            if ended is not None and ended.state is LeaseState.RELEASED:
-                return ended  # released before: answer the same
-            raise NotFoundError(f"no live lease {lease_id!r}")
-        (released,) = await self._move([lease], LeaseState.RELEASED, "released by the caller")
-        return released
-
-    async def mark_ready(self, lease: Lease, client_pids: list[int]) -> Lease:
-        """A client of the lease appeared on its device."""
-        now = self._clock()
-        async with self._lock:
-            current = self.leases.get(lease.lease_id, lease)
-            ready = transition(
-                current, LeaseState.READY, at=now, reason=f"client {client_pids[0]} connected"
-            )
-            ready = dataclasses.replace(ready, client_pids=tuple(client_pids))
-            self._remember(ready)
-        try:
-            await asyncio.shield(self._store.commit([ready], [self._lease_event(ready)]))
-        except StateError:
-            self._remember(current)
-            raise
-        return ready
-
-    async def mark_ineffective(self, lease: Lease) -> Lease:
-        """Never ready by its deadline: the lease ends and its capacity is freed."""
-        (ended,) = await self._move(
-            [lease], LeaseState.INEFFECTIVE, "no client appeared before the readiness deadline"
+        moved = await self._run(
+            lambda: [lease_id],
+            lambda: self._moves([lease_id], LeaseState.RELEASED, "released by the caller"),
         )
-        return ended
+        if moved:
+            return moved[0]
+        lease = self._ledger.get(lease_id) or await self._store.lease(lease_id)
+        if lease is None:
+            raise NotFoundError(f"no lease {lease_id!r} on this node")
+        if lease.state is LeaseState.RELEASED:
+            return lease  # released before: answer the same
+        raise ConflictError(f"lease {lease_id} is {lease.state.value}: nothing to release")
 
-    def _members(self, gang_id: str) -> list[Lease]:
-        return [lease for lease in self.leases.values() if lease.gang_id == gang_id]
+    def _gang_ids(self, gang_id: str) -> Callable[[], list[str]]:
+        return lambda: [x.lease_id for x in self._ledger.gang(gang_id)]
+
+    async def _expired_before(self, gang_id: str) -> bool:
+        """Has a member of this gang expired already (in memory, or as stored)?"""
+        if self._ledger.gangs.get(gang_id) == "expired":
+            return True
+        ended = self._ledger.ended_gang(gang_id) or [
+            x for x in await self._store.gang_leases(gang_id) if not x.state.holds_capacity
+        ]
+        return any(x.state is LeaseState.EXPIRED for x in ended)
 
     async def commit(self, gang_id: str) -> list[Lease]:
-        members = self._members(gang_id)
-        reserved = [x for x in members if x.state is LeaseState.RESERVED]
-        now = self._clock()
-        expired = gang_id in self._expired_gangs or any(
-            x.expires_at is not None and x.expires_at <= now for x in reserved
-        )
+        expired: list[bool] = []
+        gone = await self._expired_before(gang_id)
+
+        def plan() -> list[Lease]:
+            reserved = [x for x in self._ledger.gang(gang_id) if x.state is LeaseState.RESERVED]
+            now = self._clock()
+            ids = [x.lease_id for x in reserved]
+            if gone or any(x.expires_at is not None and x.expires_at <= now for x in reserved):
+                expired.append(True)
+                return self._moves(ids, LeaseState.EXPIRED, "gang expired before commit")
+            return self._moves(ids, LeaseState.ADMITTED, f"gang {gang_id} committed")
+
+        moved = await self._run(self._gang_ids(gang_id), plan)
         if expired:
-            if reserved:
-                await self._move(reserved, LeaseState.EXPIRED, "gang expired before commit")
-            self._expired_gangs.add(gang_id)
+            self._ledger.remember_gang(gang_id, "expired")
             raise ConflictError(f"gang {gang_id!r} expired before it was committed")
-        if not reserved:
-            if members:
-                return members  # committed before: answer the same
-            raise NotFoundError(f"no reservation held for gang {gang_id!r}")
-        return await self._move(reserved, LeaseState.ADMITTED, f"gang {gang_id} committed")
+        if moved:
+            return moved
+        members = self._ledger.gang(gang_id)
+        if members:
+            return members  # committed before: answer the same
+        return await self._ended_gang(gang_id, asked="commit")
 
     async def abort(self, gang_id: str) -> list[Lease]:
-        reserved = [x for x in self._members(gang_id) if x.state is LeaseState.RESERVED]
-        if not reserved:
-            ended = [
-                x
-                for x in self._ended.values()
-                if x.gang_id == gang_id and x.state is LeaseState.RELEASED
-            ]
-            if ended:
-                return ended
-            raise NotFoundError(f"no reservation held for gang {gang_id!r}")
-        return await self._move(reserved, LeaseState.RELEASED, f"gang {gang_id} aborted")
+        def plan() -> list[Lease]:
+            members = self._ledger.gang(gang_id)
+            ids = [x.lease_id for x in members if x.state is LeaseState.RESERVED]
+            if members and not ids:
+                return []
+            return self._moves(ids, LeaseState.RELEASED, f"gang {gang_id} aborted")
 
-    def _due(self) -> list[Lease]:
+        moved = await self._run(self._gang_ids(gang_id), plan)
+        if moved:
+            self._ledger.remember_gang(gang_id, "aborted")
+            return moved
+        if self._ledger.gang(gang_id):
+            raise ConflictError(
+                f"gang {gang_id!r} is committed: release its leases instead of aborting"
+            )
+        return await self._ended_gang(gang_id, asked="abort")
+
+    async def _ended_gang(self, gang_id: str, *, asked: str) -> list[Lease]:
+        """A gang with no live member: what became of it (memory first, then the store)."""
+        outcome = self._ledger.gangs.get(gang_id)
+        ended = self._ledger.ended_gang(gang_id) or await self._store.gang_leases(gang_id)
+        if outcome is None and ended:
+            outcome = _outcome(ended)
+        if outcome is None:
+            raise NotFoundError(f"no reservation held for gang {gang_id!r}")
+        if asked == "abort" and outcome == "aborted":
+            return ended  # aborted before: answer the same
+        if outcome == "expired":
+            raise ConflictError(f"gang {gang_id!r} expired before it was committed")
+        raise ConflictError(f"gang {gang_id!r} was {outcome}: nothing to {asked}")
+
+    # -- reservations ----------------------------------------------------------------------
+
+    def due(self) -> list[Lease]:
         now = self._clock()
         return [
             x
-            for x in self.leases.values()
+            for x in self._ledger.live.values()
             if x.state is LeaseState.RESERVED and x.expires_at is not None and x.expires_at <= now
         ]
 
     async def expire_reservations(self) -> list[Lease]:
-        due = self._due()
+        due = [x.lease_id for x in self.due()]
         if not due:
             return []
-        self._expired_gangs.update(x.gang_id for x in due if x.gang_id)
-        return await self._move(due, LeaseState.EXPIRED, "reservation TTL passed")
 
-    async def clear_stale(self, *, dry_run: bool) -> list[str]:
-        """What is stale and, unless ``dry_run``, clear it: today, reservations past TTL."""
-        due = self._due()
-        actions = [f"expire reservation {x.lease_id} of gang {x.gang_id}" for x in due]
-        if not dry_run and due:
+        def plan() -> list[Lease]:
+            now = self._clock()
+            still = [
+                x.lease_id
+                for x in (self._ledger.live.get(i) for i in due)
+                if x is not None
+                and x.state is LeaseState.RESERVED
+                and x.expires_at is not None
+                and x.expires_at <= now
+            ]
+            return self._moves(still, LeaseState.EXPIRED, "reservation TTL passed")
+
+        moved = await self._run(lambda: due, plan)
+        for gang in {x.gang_id for x in moved if x.gang_id}:
+            self._ledger.remember_gang(gang, "expired")
+        return moved
+
+    async def reaper_round(self, *, heartbeat: bool) -> None:
+        """One round of the reservation reaper; never raises (the core task must live)."""
+        try:
+            if heartbeat or not self._store.writable():
+                await self._store.heartbeat(at=self._clock())
             await self.expire_reservations()
-        return actions
+        except StateError as exc:
+            log.warning("the state store cannot write: %s", exc)
+        except GpushareError as exc:
+            log.error("reservation reaper: %s", exc)
 
-    async def reservation_reaper(
-        self, *, interval_s: float = 1.0, heartbeat_every: int = 10
-    ) -> None:
-        """Expire reservations as their TTL passes, and check that the store can write: every
-        ``heartbeat_every`` rounds, and every round while it cannot (a supervised task)."""
-        rounds = 0
-        while True:
-            await asyncio.sleep(interval_s)
-            rounds += 1
-            try:
-                if not self._store.writable() or rounds % heartbeat_every == 0:
-                    await self._store.heartbeat(at=self._clock())
-                await self.expire_reservations()
-            except StateError as exc:
-                log.warning("the state store cannot write: %s", exc)
+
+def _outcome(ended: Sequence[Lease]) -> str:
+    """What became of a gang, from its ended members as stored."""
+    if any(x.state is LeaseState.EXPIRED for x in ended):
+        return "expired"
+    if all(x.state is LeaseState.RELEASED and x.reason.endswith("aborted") for x in ended):
+        return "aborted"
+    return "ended"

@@ -69,6 +69,59 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE leases ADD COLUMN ready_at REAL;
     CREATE INDEX history_by_end ON lease_history (ended_at);
     """,
+    # 6: compare-and-set versions; request ids scoped per tenant with a fingerprint of the
+    # request (the leases table is rebuilt without its global UNIQUE on request_id); events
+    # carry the boot epoch; a key-value table for the epoch; indexes for pruning by time
+    """
+    CREATE TABLE leases_v6 (
+        lease_id TEXT PRIMARY KEY,
+        request_id TEXT NOT NULL,
+        gang_id TEXT,
+        tenant TEXT NOT NULL,
+        trust_domain TEXT NOT NULL,
+        device_uuid TEXT NOT NULL,
+        priority TEXT NOT NULL,
+        memory_bytes INTEGER NOT NULL,
+        thread_pct REAL NOT NULL,
+        state TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        profile TEXT,
+        retention_floor REAL,
+        ready_deadline_at REAL,
+        expires_at REAL,
+        client_pids TEXT NOT NULL DEFAULT '[]',
+        reason TEXT NOT NULL DEFAULT '',
+        counters TEXT NOT NULL DEFAULT '{}',
+        attributes TEXT NOT NULL DEFAULT '{}',
+        ready_at REAL,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    INSERT INTO leases_v6 SELECT lease_id, request_id, gang_id, tenant, trust_domain,
+        device_uuid, priority, memory_bytes, thread_pct, state, created_at, updated_at,
+        profile, retention_floor, ready_deadline_at, expires_at, client_pids, reason,
+        counters, attributes, ready_at, 1 FROM leases;
+    DROP TABLE leases;
+    ALTER TABLE leases_v6 RENAME TO leases;
+    CREATE INDEX leases_by_state ON leases (state);
+    CREATE INDEX leases_by_gang ON leases (gang_id);
+    CREATE INDEX leases_by_request ON leases (request_id);
+    CREATE INDEX leases_by_update ON leases (updated_at);
+    CREATE TABLE requests (
+        tenant TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        canonical TEXT NOT NULL,
+        lease_id TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (tenant, request_id)
+    );
+    INSERT INTO requests SELECT tenant, request_id, '', '{}', lease_id, created_at FROM leases;
+    CREATE INDEX requests_by_at ON requests (at);
+    ALTER TABLE events ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX events_by_at ON events (at);
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
 )
 
 

@@ -1,33 +1,94 @@
-"""Port of the state domain: the durable store of leases and events."""
+"""Port of the state domain: the durable store of leases, request ids and events."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.core.lease import Lease
 from agent.core.types import Event, HistoryRow
 
 
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A request id as the scheduler sent it: scoped by tenant, with a fingerprint of the
+    canonical request, so the same id with another request can be told apart."""
+
+    tenant: str
+    request_id: str
+    fingerprint: str
+    canonical: str  # the canonical request, JSON
+    lease_id: str
+    at: float
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """One caller's part of a group commit.
+
+    ``events`` are drafts (``seq`` 0): the store numbers them densely in commit order.
+    ``on_durable`` runs on the event loop once the batch is on disk, before its events are
+    published and before the caller hears back; it is how the ledger applies a change
+    exactly when it becomes true. A failed write runs nothing and numbers nothing.
+    """
+
+    leases: Sequence[Lease] = ()
+    events: Sequence[Event] = ()
+    requests: Sequence[RequestRecord] = ()
+    on_durable: Callable[[Sequence[Event]], None] | None = None
+    numbered: list[Event] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long ended things are kept: ended leases with their request ids, events (by age
+    and count), and rows of lease history (by count)."""
+
+    ended_s: float = 7 * 86400.0
+    events_s: float = 7 * 86400.0
+    max_events: int = 100_000
+    max_history: int = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    leases: int = 0
+    requests: int = 0
+    events: int = 0
+    history: int = 0
+
+
 class StateStore(Protocol):
-    """Leases and events on disk. ``commit`` returns once they are durable (fsync'd);
-    concurrent commits share one sync (group commit)."""
+    """Leases, request ids and events on disk. ``commit`` returns once they are durable
+    (fsync'd); concurrent commits share one sync (group commit). Reads that can be large
+    (event catch-up, lookups of old ids) use a connection of their own, never the
+    writer's thread."""
+
+    epoch: int  # this start's boot epoch (after ``start``)
+    on_published: Callable[[Sequence[Event]], None]  # every durable batch's events, in order
 
     async def start(self) -> None: ...
 
     async def aclose(self) -> None: ...
 
-    async def commit(self, leases: Sequence[Lease], events: Sequence[Event]) -> None: ...
+    async def commit(self, batch: WriteBatch) -> list[Event]: ...
 
     async def live_leases(self) -> list[Lease]: ...
 
-    async def lease_by_request(self, request_id: str) -> Lease | None: ...
+    async def lease(self, lease_id: str) -> Lease | None: ...
 
-    async def request_index(self) -> dict[str, str]:
-        """Every request id ever admitted, with its lease id (for idempotency)."""
+    async def request_record(self, tenant: str, request_id: str) -> RequestRecord | None: ...
+
+    async def recent_requests(self, *, limit: int) -> list[RequestRecord]:
+        """The newest request ids, oldest first."""
         ...
 
+    async def gang_leases(self, gang_id: str) -> list[Lease]: ...
+
     async def events_since(self, seq: int, *, limit: int) -> list[Event]: ...
+
+    async def first_event_seq(self) -> int: ...
 
     async def last_event_seq(self) -> int: ...
 
@@ -37,6 +98,10 @@ class StateStore(Protocol):
 
     async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
         """Leases that ended (oldest first): the readiness predictor's training rows."""
+        ...
+
+    async def prune(self, *, now: float, retention: Retention) -> Pruned:
+        """Delete what the retention no longer keeps (never a live lease or its id)."""
         ...
 
     async def heartbeat(self, *, at: float) -> None:

@@ -1,72 +1,68 @@
-"""SQLite store in WAL mode, with group commit.
+"""SQLite store in WAL mode, with group commit and events numbered in commit order.
 
-Every ``commit`` is queued; one writer task takes whatever has queued up, writes it all in
-one transaction on the store's own thread and syncs once (``synchronous=FULL``), then wakes
-every caller. So concurrent admissions share a sync, and no caller hears back before its
-rows are on disk. A failed write fails every caller of that batch with
-:class:`StateError` and marks the store unwritable until a write succeeds again.
+Every ``commit`` is queued; one writer task takes whatever has queued up, numbers the
+events of the whole batch densely, writes it all in one transaction on the store's own
+thread and syncs once (``synchronous=FULL``). Then, on the event loop and in order, it runs
+each part's ``on_durable`` (the ledger applies the change), hands the batch's events to
+``on_published`` (ring, watchers, audit line) and wakes every caller. So no caller hears
+back, and no event is seen, before its rows are on disk; a failed write publishes nothing,
+reuses its numbers, fails every caller of that batch with :class:`StateError` and marks the
+store unwritable until a write succeeds again. Reads go through :class:`SqliteReader`, on a
+connection and a thread of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from agent.core.errors import StateError
-from agent.core.lease import Lease, LeaseState
-from agent.core.types import Event, HistoryRow, PriorityClass
+from agent.core.lease import Lease
+from agent.core.types import Event, HistoryRow
 from agent.state.migrations import migrate
+from agent.state.port import Pruned, RequestRecord, Retention, WriteBatch
+from agent.state.reader import SqliteReader
+from agent.state.rows import (
+    ENDED_STATES,
+    EVENT_INSERT,
+    HISTORY_INSERT,
+    LEASE_INSERT,
+    LIVE_STATES,
+    REQUEST_INSERT,
+    event_row,
+    history_row,
+    lease_row,
+    request_row,
+)
 
 log = logging.getLogger(__name__)
-
-LEASE_COLUMNS = (
-    "lease_id",
-    "request_id",
-    "gang_id",
-    "tenant",
-    "trust_domain",
-    "device_uuid",
-    "priority",
-    "memory_bytes",
-    "thread_pct",
-    "state",
-    "created_at",
-    "updated_at",
-    "profile",
-    "retention_floor",
-    "ready_deadline_at",
-    "expires_at",
-    "client_pids",
-    "reason",
-    "counters",
-    "attributes",
-    "ready_at",
-)
-LIVE_STATES = tuple(s.value for s in LeaseState if s.holds_capacity)
+Pending = tuple[WriteBatch, asyncio.Future[list[Event]]]
 
 
 class SqliteStateStore:
-    def __init__(self, path: str, *, sync: str = "full", max_events: int = 100_000) -> None:
+    def __init__(self, path: str, *, sync: str = "full") -> None:
         if sync not in ("full", "normal"):
             raise StateError(f"unknown sync mode {sync!r}")
         self.path = path
         self._sync = sync
-        self._max_events = max_events
         self._db: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._queue: asyncio.Queue[tuple[list[Lease], list[Event], asyncio.Future[None]]] = (
-            asyncio.Queue()
-        )
+        self._queue: asyncio.Queue[Pending] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self._writable = True
         self._lock = threading.Lock()
+        self._reader = SqliteReader(path)
+        self._next_seq = 1
+        self._writing = False  # a group-commit batch is between numbering and publishing
+        self.epoch = 0
+        self.on_published: Callable[[Sequence[Event]], None] = lambda _events: None
         self.batches = 0
 
     # -- life ------------------------------------------------------------------------------
@@ -74,6 +70,7 @@ class SqliteStateStore:
     async def start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         await self._run(self._open)
+        await self._reader.start(shared=self._db if self.path == ":memory:" else None)
         self._writer = asyncio.create_task(self._write_loop(), name="state-writer")
 
     def _open(self) -> None:
@@ -84,15 +81,26 @@ class SqliteStateStore:
             db.execute(f"PRAGMA synchronous={self._sync.upper()}")
             db.execute("PRAGMA busy_timeout=5000")
             migrate(db)
+            last = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+            self._next_seq = int(last) + 1
         except (sqlite3.Error, OSError) as exc:
             raise StateError(f"cannot open the state store {self.path}: {exc}") from exc
         self._db = db
+        self.epoch = self._next_epoch(db)
+
+    @staticmethod
+    def _next_epoch(db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
+        epoch = int(row[0]) + 1 if row else 1
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (str(epoch),))
+        return epoch
 
     async def aclose(self) -> None:
         if self._writer is not None:
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
             self._writer = None
+        await self._reader.aclose()
         if self._executor is not None:
             if self._db is not None:
                 await self._run(self._db.close)
@@ -118,112 +126,155 @@ class SqliteStateStore:
 
     # -- writes ----------------------------------------------------------------------------
 
-    async def commit(self, leases: Sequence[Lease], events: Sequence[Event]) -> None:
-        if self._sync == "normal":
+    async def commit(self, batch: WriteBatch) -> list[Event]:
+        if self._sync == "normal" and not self._writing and self._queue.empty():
             # No fsync to wait for: the write is a few syscalls, cheaper on the loop than
             # the two thread hops of the group-commit writer.
-            self._write_now(list(leases), list(events))
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._queue.put((list(leases), list(events), done))
-        await done
+            self._write_now(batch)
+            return batch.numbered
+        done: asyncio.Future[list[Event]] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((batch, done))
+        return await done
 
     async def _write_loop(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            pending = [await self._queue.get()]
             while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            leases = [lease for item in batch for lease in item[0]]
-            events = [event for item in batch for event in item[1]]
+                pending.append(self._queue.get_nowait())
+            first_seq = self._next_seq
+            batches = [self._number(batch) for batch, _done in pending]
+            self._writing = True
             try:
-                await self._run(self._write, leases, events)
+                await self._run(self._write, batches)
             except Exception as exc:  # any failure fails this batch, never the writer
-                if not isinstance(exc, StateError):
-                    log.exception("unexpected error writing the state store")
-                    exc = StateError(f"cannot write the state store: {exc!r}")
-                self._writable = False
-                for *_rows, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
+                self._next_seq = first_seq
+                self._fail([done for _b, done in pending], exc)
                 continue
-            self._writable = True
-            self.batches += 1
-            for *_rows, done in batch:
+            finally:
+                self._writing = False
+            self._durable(batches)
+            for batch, done in pending:
                 if not done.done():
-                    done.set_result(None)
+                    done.set_result(batch.numbered)
 
-    def _write_now(self, leases: list[Lease], events: list[Event]) -> None:
-        if self._db is None:
-            raise StateError("the state store is not open")
-        try:
-            self._locked(self._write, leases, events)
-        except StateError:
-            self._writable = False
-            raise
+    def _number(self, batch: WriteBatch) -> WriteBatch:
+        numbered = []
+        for event in batch.events:
+            numbered.append(dataclasses.replace(event, seq=self._next_seq, epoch=self.epoch))
+            self._next_seq += 1
+        batch.numbered = numbered
+        return batch
+
+    def _fail(self, futures: Sequence[asyncio.Future[list[Event]]], exc: Exception) -> None:
+        if not isinstance(exc, StateError):
+            log.error("unexpected error writing the state store: %r", exc)
+            exc = StateError(f"cannot write the state store: {exc!r}")
+        self._writable = False
+        for done in futures:
+            if not done.done():
+                done.set_exception(exc)
+
+    def _durable(self, batches: Sequence[WriteBatch]) -> None:
+        """On the loop, right after the sync: apply, then publish, in commit order."""
         self._writable = True
         self.batches += 1
+        for batch in batches:
+            if batch.on_durable is not None:
+                try:
+                    batch.on_durable(batch.numbered)
+                except Exception:
+                    log.exception("applying a durable change failed")
+        events = [e for batch in batches for e in batch.numbered]
+        if events:
+            self.on_published(events)
 
-    def _write(self, leases: list[Lease], events: list[Event]) -> None:
+    def _write_now(self, batch: WriteBatch) -> None:
+        if self._db is None:
+            raise StateError("the state store is not open")
+        first_seq = self._next_seq
+        self._number(batch)
+        try:
+            self._locked(self._write, [batch])
+        except StateError:
+            self._next_seq = first_seq
+            self._writable = False
+            raise
+        self._durable([batch])
+
+    def _write(self, batches: Sequence[WriteBatch]) -> None:
         assert self._db is not None
+        leases = [lease for b in batches for lease in b.leases]
         try:
             self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(LEASE_INSERT, [lease_row(x) for x in leases])
             self._db.executemany(
-                f"INSERT OR REPLACE INTO leases ({', '.join(LEASE_COLUMNS)}) "
-                f"VALUES ({', '.join('?' * len(LEASE_COLUMNS))})",
-                [_lease_row(lease) for lease in leases],
+                REQUEST_INSERT, [request_row(r) for b in batches for r in b.requests]
             )
+            self._db.executemany(EVENT_INSERT, [event_row(e) for b in batches for e in b.numbered])
             self._db.executemany(
-                "INSERT INTO events (seq, at, kind, message, device_uuid, lease_id, attrs) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [_event_row(event) for event in events],
+                HISTORY_INSERT, [history_row(x) for x in leases if x.state.is_terminal]
             )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO lease_history (lease_id, ended_at, final_state, "
-                "attributes, became_ready, ready_after_s) VALUES (?, ?, ?, ?, ?, ?)",
-                [_history_row(lease) for lease in leases if lease.state.is_terminal],
-            )
-            if events and events[-1].seq % 1000 == 0:
-                self._db.execute(
-                    "DELETE FROM events WHERE seq <= ?", (events[-1].seq - self._max_events,)
-                )
             self._db.execute("COMMIT")
         except Exception as exc:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise StateError(f"cannot write the state store {self.path}: {exc}") from exc
 
-    # -- reads -----------------------------------------------------------------------------
+    async def prune(self, *, now: float, retention: Retention) -> Pruned:
+        def run() -> Pruned:
+            assert self._db is not None
+            try:
+                return self._prune(self._db, now, retention)
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StateError(f"cannot prune the state store: {exc}") from exc
 
-    async def live_leases(self) -> list[Lease]:
-        marks = ", ".join("?" * len(LIVE_STATES))
-        rows = await self._query(f"SELECT * FROM leases WHERE state IN ({marks})", LIVE_STATES)
-        return [_lease(row) for row in rows]
+        pruned: Pruned = await self._run(run)
+        return pruned
 
-    async def lease_by_request(self, request_id: str) -> Lease | None:
-        rows = await self._query("SELECT * FROM leases WHERE request_id = ?", (request_id,))
-        return _lease(rows[0]) if rows else None
-
-    async def request_index(self) -> dict[str, str]:
-        rows = await self._query("SELECT request_id, lease_id FROM leases", ())
-        return {str(r[0]): str(r[1]) for r in rows}
-
-    async def events_since(self, seq: int, *, limit: int) -> list[Event]:
-        rows = await self._query(
-            "SELECT seq, at, kind, message, device_uuid, lease_id, attrs FROM events "
-            "WHERE seq > ? ORDER BY seq LIMIT ?",
-            (seq, limit),
-        )
-        return [Event(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
-
-    async def last_event_seq(self) -> int:
-        rows = await self._query("SELECT COALESCE(MAX(seq), 0) FROM events", ())
-        return int(rows[0][0])
+    @staticmethod
+    def _prune(db: sqlite3.Connection, now: float, r: Retention) -> Pruned:
+        ended = ", ".join("?" * len(ENDED_STATES))
+        live = ", ".join("?" * len(LIVE_STATES))
+        db.execute("BEGIN IMMEDIATE")
+        leases = db.execute(
+            f"DELETE FROM leases WHERE state IN ({ended}) AND updated_at < ?",
+            (*ENDED_STATES, now - r.ended_s),
+        ).rowcount
+        requests = db.execute(
+            "DELETE FROM requests WHERE at < ? AND lease_id NOT IN "
+            f"(SELECT lease_id FROM leases WHERE state IN ({live}))",
+            (now - r.ended_s, *LIVE_STATES),
+        ).rowcount
+        last = int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+        events = db.execute(
+            "DELETE FROM events WHERE at < ? OR seq <= ?", (now - r.events_s, last - r.max_events)
+        ).rowcount
+        history = db.execute(
+            "DELETE FROM lease_history WHERE lease_id IN (SELECT lease_id FROM lease_history "
+            "ORDER BY ended_at DESC LIMIT -1 OFFSET ?)",
+            (r.max_history,),
+        ).rowcount
+        db.execute("COMMIT")
+        return Pruned(leases, requests, events, history)
 
     async def heartbeat(self, *, at: float) -> None:
+        await self._small_write("INSERT OR REPLACE INTO heartbeat VALUES (1, ?)", (at,))
+
+    async def set_drained(self, device_uuid: str, reason: str | None, *, at: float) -> None:
+        if reason is None:
+            await self._small_write("DELETE FROM drained WHERE device_uuid = ?", (device_uuid,))
+        else:
+            await self._small_write(
+                "INSERT OR REPLACE INTO drained VALUES (?, ?, ?)", (device_uuid, reason, at)
+            )
+
+    async def _small_write(self, sql: str, args: tuple[Any, ...]) -> None:
         def run() -> None:
             assert self._db is not None
             try:
-                self._db.execute("INSERT OR REPLACE INTO heartbeat VALUES (1, ?)", (at,))
+                self._db.execute(sql, args)
             except sqlite3.Error as exc:
                 raise StateError(f"cannot write the state store: {exc}") from exc
 
@@ -234,102 +285,37 @@ class SqliteStateStore:
             raise
         self._writable = True
 
-    async def set_drained(self, device_uuid: str, reason: str | None, *, at: float) -> None:
-        def run() -> None:
-            assert self._db is not None
-            try:
-                if reason is None:
-                    self._db.execute("DELETE FROM drained WHERE device_uuid = ?", (device_uuid,))
-                else:
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO drained VALUES (?, ?, ?)", (device_uuid, reason, at)
-                    )
-            except sqlite3.Error as exc:
-                raise StateError(f"cannot write the state store: {exc}") from exc
+    # -- reads (on the reader's own connection) --------------------------------------------
 
-        await self._run(run)
+    async def live_leases(self) -> list[Lease]:
+        return await self._reader.live_leases()
+
+    async def lease(self, lease_id: str) -> Lease | None:
+        return await self._reader.lease(lease_id)
+
+    async def lease_by_request(self, request_id: str) -> Lease | None:
+        return await self._reader.lease_by_request(request_id)
+
+    async def request_record(self, tenant: str, request_id: str) -> RequestRecord | None:
+        return await self._reader.request_record(tenant, request_id)
+
+    async def recent_requests(self, *, limit: int) -> list[RequestRecord]:
+        return await self._reader.recent_requests(limit=limit)
+
+    async def gang_leases(self, gang_id: str) -> list[Lease]:
+        return await self._reader.gang_leases(gang_id)
+
+    async def events_since(self, seq: int, *, limit: int) -> list[Event]:
+        return await self._reader.events_since(seq, limit=limit)
+
+    async def first_event_seq(self) -> int:
+        return await self._reader.first_event_seq()
+
+    async def last_event_seq(self) -> int:
+        return self._next_seq - 1
 
     async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
-        rows = await self._query(
-            "SELECT lease_id, ended_at, final_state, attributes, became_ready, ready_after_s "
-            "FROM lease_history WHERE ended_at >= ? ORDER BY ended_at LIMIT ?",
-            (since, limit),
-        )
-        return [
-            HistoryRow(str(r[0]), r[1], str(r[2]), json.loads(r[3]), bool(r[4]), r[5]) for r in rows
-        ]
+        return await self._reader.history(since=since, limit=limit)
 
     async def drained(self) -> dict[str, str]:
-        rows = await self._query("SELECT device_uuid, reason FROM drained", ())
-        return {str(r[0]): str(r[1]) for r in rows}
-
-    async def _query(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-        def run() -> list[tuple[Any, ...]]:
-            assert self._db is not None
-            try:
-                return list(self._db.execute(sql, tuple(args)).fetchall())
-            except sqlite3.Error as exc:
-                raise StateError(f"cannot read the state store: {exc}") from exc
-
-        result: list[tuple[Any, ...]] = await self._run(run)
-        return result
-
-
-def _lease_row(lease: Lease) -> tuple[Any, ...]:
-    return (
-        lease.lease_id,
-        lease.request_id,
-        lease.gang_id,
-        lease.tenant,
-        lease.trust_domain,
-        lease.device_uuid,
-        lease.priority.value,
-        lease.memory_bytes,
-        lease.thread_pct,
-        lease.state.value,
-        lease.created_at,
-        lease.updated_at,
-        lease.profile,
-        lease.retention_floor,
-        lease.ready_deadline_at,
-        lease.expires_at,
-        json.dumps(list(lease.client_pids)),
-        lease.reason,
-        json.dumps(dict(lease.counters)),
-        json.dumps(dict(lease.attributes)),
-        lease.ready_at,
-    )
-
-
-def _history_row(lease: Lease) -> tuple[Any, ...]:
-    ready_after = lease.ready_at - lease.created_at if lease.ready_at is not None else None
-    return (
-        lease.lease_id,
-        lease.updated_at,
-        lease.state.value,
-        json.dumps(dict(lease.attributes)),
-        int(lease.ready_at is not None),
-        ready_after,
-    )
-
-
-def _lease(row: tuple[Any, ...]) -> Lease:
-    values = dict(zip(LEASE_COLUMNS, row, strict=True))
-    values["priority"] = PriorityClass(values["priority"])
-    values["state"] = LeaseState(values["state"])
-    values["client_pids"] = tuple(json.loads(values["client_pids"]))
-    values["counters"] = json.loads(values["counters"])
-    values["attributes"] = json.loads(values["attributes"])
-    return Lease(**values)
-
-
-def _event_row(event: Event) -> tuple[Any, ...]:
-    return (
-        event.seq,
-        event.at,
-        event.kind,
-        event.message,
-        event.device_uuid,
-        event.lease_id,
-        json.dumps(dict(event.attrs)),
-    )
+        return await self._reader.drained()

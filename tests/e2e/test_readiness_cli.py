@@ -11,6 +11,7 @@ from pathlib import Path
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import PriorityClass
 from agent.estimator.readiness import ReadinessModel
+from agent.state.port import WriteBatch
 from agent.state.sqlite import SqliteStateStore
 from tests.helpers import agent_command, subprocess_env
 
@@ -82,7 +83,7 @@ def test_training_from_the_agents_own_history(tmp_path: Path) -> None:
     async def fill() -> None:
         store = SqliteStateStore(str(db))
         await store.start()
-        await store.commit([ended(i) for i in range(90)], [])
+        await store.commit(WriteBatch(leases=[ended(i) for i in range(90)]))
         await store.aclose()
 
     asyncio.run(fill())

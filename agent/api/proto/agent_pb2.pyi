@@ -192,7 +192,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[Request, _Mapping]] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("decision", "lease", "env", "mounts")
+    __slots__ = ("decision", "lease", "env", "mounts", "error_code", "error_message")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -204,11 +204,15 @@ class AdmitResponse(_message.Message):
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     lease: Lease
     env: _containers.ScalarMap[str, str]
     mounts: _containers.RepeatedCompositeFieldContainer[Mount]
-    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ...) -> None: ...
+    error_code: str
+    error_message: str
+    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class AdmitBatchRequest(_message.Message):
     __slots__ = ("requests",)
@@ -269,7 +273,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, since_seq: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("seq", "at", "kind", "message", "device_uuid", "lease_id", "attrs")
+    __slots__ = ("seq", "at", "kind", "message", "device_uuid", "lease_id", "attrs", "epoch")
     class AttrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +288,7 @@ class Event(_message.Message):
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     ATTRS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     at: float
     kind: str
@@ -291,7 +296,8 @@ class Event(_message.Message):
     device_uuid: str
     lease_id: str
     attrs: _containers.ScalarMap[str, str]
-    def __init__(self, seq: _Optional[int] = ..., at: _Optional[float] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., device_uuid: _Optional[str] = ..., lease_id: _Optional[str] = ..., attrs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, seq: _Optional[int] = ..., at: _Optional[float] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., device_uuid: _Optional[str] = ..., lease_id: _Optional[str] = ..., attrs: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("device_uuid", "reason")

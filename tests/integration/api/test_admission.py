@@ -246,10 +246,10 @@ async def test_a_store_that_cannot_write_fails_closed(root: Path) -> None:
     class BrokenDisk(SqliteStateStore):
         broken = False
 
-        def _write(self, leases, events):  # type: ignore[no-untyped-def]
+        def _write(self, batches):  # type: ignore[no-untyped-def]
             if self.broken:
                 raise StateError("disk full")
-            super()._write(leases, events)
+            super()._write(batches)
 
         async def heartbeat(self, *, at: float) -> None:
             if self.broken:

@@ -87,7 +87,9 @@ class Node:
             self.sampler.close_due_windows()
         await self.control.degradation.settled()
 
-    def kinds(self) -> list[str]:
+    async def kinds(self) -> list[str]:
+        """The kinds of the events published so far, once what was observed is written."""
+        assert await self.app.events.flush()
         return [e.kind for e in self.app.events.since(0)]
 
     def closed(self) -> ReasonCode | None:
@@ -168,8 +170,8 @@ async def test_interference_for_w_windows_degrades_evicts_the_youngest_once_and_
     await sim.windows(1)
     assert sim.closed() is None
     assert sim.control.actions["recover"] == 1 and sim.control.actions["evict"] == 1
-    assert sim.kinds().count("lease.evicted") == 1
-    assert "degradation.recover" in sim.kinds()
+    assert (await sim.kinds()).count("lease.evicted") == 1
+    assert "degradation.recover" in (await sim.kinds())
 
 
 async def test_a_dip_shorter_than_w_windows_does_nothing(sim: Node) -> None:
@@ -180,7 +182,7 @@ async def test_a_dip_shorter_than_w_windows_does_nothing(sim: Node) -> None:
     await sim.windows(5)
     assert sim.closed() is None
     assert len(sim.node.leases) == 3
-    assert not [k for k in sim.kinds() if k.startswith("degradation.")]
+    assert not [k for k in (await sim.kinds()) if k.startswith("degradation.")]
 
 
 async def test_stale_telemetry_does_nothing(sim: Node) -> None:
@@ -196,7 +198,7 @@ async def test_stale_telemetry_does_nothing(sim: Node) -> None:
     sim.clock.advance(10 * WINDOW_S)
     await sim.windows(1)
     assert sim.closed() is None and len(sim.node.leases) == 3
-    assert not [k for k in sim.kinds() if k.startswith("degradation.")]
+    assert not [k for k in (await sim.kinds()) if k.startswith("degradation.")]
 
 
 async def test_a_dead_client_is_terminated_exactly_once(sim: Node) -> None:
@@ -210,7 +212,7 @@ async def test_a_dead_client_is_terminated_exactly_once(sim: Node) -> None:
     await sim.control.janitor.pass_once(dry_run=False)
     await sim.control.janitor.pass_once(dry_run=False)
     assert sim.fake_mps.terminated == [(sim.device, server, dead_pid)]
-    assert sim.kinds().count("janitor.terminate") == 1
+    assert (await sim.kinds()).count("janitor.terminate") == 1
     assert lease.lease_id in sim.node.leases, "the lease itself is not the janitor's to end"
 
 
@@ -233,7 +235,7 @@ async def test_a_fatal_fault_fails_the_leases_clears_the_server_and_the_device_a
     assert sim.closed() is None
     again = await sim.admit("three", BE, signature(0.2, 0.1))
     assert again.device_uuid == sim.device
-    assert "device.fault_cleared" in sim.kinds()
+    assert "device.fault_cleared" in (await sim.kinds())
 
 
 async def test_a_lease_whose_client_never_connects_is_ineffective_at_its_deadline(
@@ -285,6 +287,6 @@ async def test_a_lease_over_its_memory_limit_is_a_violation_reported_once(sim: N
             await sim.control.janitor.pass_once(dry_run=False)
         finally:
             client.kill()
-    assert sim.kinds().count("janitor.memory-violation") == 1
+    assert (await sim.kinds()).count("janitor.memory-violation") == 1
     assert sim.control.actions["memory-violation"] == 1
     assert sim.fake_mps.terminated == [], "policy report: its client keeps running"

@@ -15,7 +15,7 @@ from agent.core.errors import ConflictError, StateError
 from agent.core.lease import LeaseState
 from agent.core.types import AdmissionRequest, Device, MpsDaemonState, PriorityClass, ReasonCode
 from agent.core.units import GIB
-from agent.runtime.events import RESTART_GAP, EventLog
+from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.state.sqlite import SqliteStateStore
 
@@ -29,15 +29,15 @@ class FlakyStore(SqliteStateStore):
     fail = False
     stall: asyncio.Event | None = None
 
-    def _write(self, leases, events):  # type: ignore[no-untyped-def]
+    def _write(self, batches):  # type: ignore[no-untyped-def]
         if self.fail:
             raise StateError("disk full")
-        super()._write(leases, events)
+        super()._write(batches)
 
-    async def commit(self, leases, events):  # type: ignore[no-untyped-def]
+    async def commit(self, batch):  # type: ignore[no-untyped-def]
         if self.stall is not None:
             await self.stall.wait()
-        await super().commit(leases, events)
+        return await super().commit(batch)
 
 
 async def open_node(path: Path) -> tuple[NodeService, FlakyStore, EventLog]:
@@ -156,14 +156,16 @@ async def test_ended_request_ids_are_refused_before_and_after_a_restart(tmp_path
     await node.release(lease.lease_id)
     with pytest.raises(ConflictError, match="released"):
         await node.admit(request("once", 10))
-    await asyncio.sleep(0.3)  # let the persister store what it holds
-    seq_before = events.last_seq
+    seq_before, epoch_before = events.last_seq, events.epoch
     await store.aclose()
     node, store, events = await open_node(tmp_path)
     try:
         with pytest.raises(ConflictError, match="released"):
             await node.admit(request("once", 10))
-        event = events.make("test", "after restart")
-        assert event.seq > seq_before + RESTART_GAP - 1, "numbers are never reused"
+        events("test", "after restart")
+        assert await events.flush()
+        (event,) = events.since(seq_before)
+        assert event.seq == seq_before + 1, "numbers stay dense across a restart"
+        assert event.epoch == epoch_before + 1, "the epoch tells the restart"
     finally:
         await store.aclose()

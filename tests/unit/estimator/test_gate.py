@@ -73,10 +73,20 @@ def test_a_protected_lease_under_its_floor_blocks_and_is_named(model: str | None
 def test_unprotected_sets_pass_and_the_answer_says_which_estimator() -> None:
     gate = ProfileGate(None, PROFILES)
     view = DeviceView(DEVICE, (lease("l-etl", "etl-batch", 25),))
-    decision = decide(request(None, 100), [view], RULES, now=0, gate=gate)
+    decision = decide(request(None, 100), [view], RULES, now=0, gate=gate.explaining())
     assert decision.admitted and decision.estimator == FALLBACK
     # etl's 30% + an unprofiled full-thread workload's 88% of gpu_util: each keeps 100/118
     assert decision.predictions["candidate"] == pytest.approx(100 / 118, abs=1e-3)
+
+
+def test_admission_skips_the_prediction_where_no_floor_could_refuse() -> None:
+    gate = ProfileGate(None, PROFILES)
+    view = DeviceView(DEVICE, (lease("l-etl", "etl-batch", 25),))
+    assert PROFILES["etl-batch"].retention_floor is None
+    decision = decide(request(None, 100), [view], RULES, now=0, gate=gate)
+    assert decision.admitted and decision.predictions == {}
+    floored = decide(request(None, 100, floor=0.5), [view], RULES, now=0, gate=gate)
+    assert "candidate" in floored.predictions, "a floor brings the prediction back"
 
 
 def test_the_candidate_floor_counts_too_and_empty_devices_skip_the_gate() -> None:

@@ -1,0 +1,80 @@
+"""Whether each device takes new leases now, and why not: the store cannot write, an
+operator drained it, a control loop closed it (fault, degradation), or its MPS control
+daemon is down."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from agent.core.errors import NotFoundError
+from agent.core.types import Device, MpsDaemonState, ReasonCode, SharingMode
+from agent.runtime.events import EventLog
+from agent.state.port import StateStore
+
+
+class Availability:
+    def __init__(
+        self,
+        devices: Mapping[str, Device],
+        *,
+        store: StateStore,
+        events: EventLog,
+        clock: Callable[[], float],
+    ) -> None:
+        self._devices = devices
+        self._store = store
+        self._events = events
+        self._clock = clock
+        self.drained: dict[str, str] = {}
+        self._closures: dict[str, dict[str, tuple[ReasonCode, str]]] = {}
+
+    async def load(self) -> None:
+        stored = await self._store.drained()
+        self.drained = {u: r for u, r in stored.items() if u in self._devices}
+
+    def closed(
+        self, device: Device, daemon: MpsDaemonState | None
+    ) -> tuple[ReasonCode | None, str]:
+        if not self._store.writable():
+            return ReasonCode.STORE_UNAVAILABLE, "the state store cannot write: failing closed"
+        if device.uuid in self.drained:
+            return ReasonCode.DRAINING, f"drained: {self.drained[device.uuid]}"
+        for reason, detail in self._closures.get(device.uuid, {}).values():
+            return reason, detail
+        if device.sharing_mode is SharingMode.MPS and (daemon is None or not daemon.up):
+            why = daemon.detail if daemon is not None else "no daemon"
+            return ReasonCode.DEVICE_UNAVAILABLE, f"MPS control daemon is down ({why})"
+        return None, ""
+
+    def close(self, device_uuid: str, source: str, reason: ReasonCode, detail: str) -> None:
+        """Close a device to new leases on behalf of a control loop (``source``)."""
+        self._closures.setdefault(device_uuid, {})[source] = (reason, detail)
+
+    def reopen(self, device_uuid: str, source: str) -> None:
+        self._closures.get(device_uuid, {}).pop(source, None)
+
+    async def drain(self, device_uuid: str | None, reason: str) -> list[str]:
+        targets = self._targets(device_uuid)
+        for uuid in targets:
+            await self._store.set_drained(uuid, reason or "drained", at=self._clock())
+            self.drained[uuid] = reason or "drained"
+            self._events(
+                "device.drained", f"closed to new leases: {reason or 'drained'}", device_uuid=uuid
+            )
+        return targets
+
+    async def undrain(self, device_uuid: str | None) -> list[str]:
+        targets = [u for u in self._targets(device_uuid) if u in self.drained]
+        for uuid in targets:
+            await self._store.set_drained(uuid, None, at=self._clock())
+            self.drained.pop(uuid, None)
+            self._events("device.undrained", "open to new leases again", device_uuid=uuid)
+        return targets
+
+    def _targets(self, device_uuid: str | None) -> list[str]:
+        if not device_uuid:
+            return list(self._devices)
+        if device_uuid not in self._devices:
+            shown = device_uuid if len(device_uuid) <= 64 else device_uuid[:64] + "…"
+            raise NotFoundError(f"no device {shown!r} on this node")
+        return [device_uuid]

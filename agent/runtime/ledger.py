@@ -1,0 +1,169 @@
+"""The ledger: the live leases of the node and what they commit per device.
+
+It has one job. Every change is compare-and-set on a lease's version: ``take`` adds a new
+lease (capacity taken at decision time), ``untake`` removes exactly that lease again (a
+failed write; never a blind put-back), and ``apply`` installs changes that are durable,
+refusing any computed from a version that is no longer current. Leases with a write in
+flight are ``busy``: a transition waits for that write before it decides, and a
+preemption never picks them. Per-device tallies are kept incrementally. Ended leases and
+request ids are remembered in bounded maps; older ones are read from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+
+from agent.admission.policy import Tally
+from agent.core.errors import LeaseTransitionError
+from agent.core.lease import Lease
+from agent.state.port import RequestRecord
+
+ENDED_KEPT = 10_000  # ended leases remembered in memory
+REQUESTS_KEPT = 100_000  # request ids of ended leases remembered in memory
+GANGS_KEPT = 10_000  # recent gang outcomes ("expired", "aborted")
+RequestKey = tuple[str, str]  # (tenant, request id)
+
+
+class Ledger:
+    def __init__(self, device_uuids: Iterable[str]) -> None:
+        self._live: dict[str, Lease] = {}
+        self._by_device: dict[str, dict[str, Lease]] = {uuid: {} for uuid in device_uuids}
+        self._tally: dict[str, Tally] = {uuid: Tally() for uuid in self._by_device}
+        self._ended: OrderedDict[str, Lease] = OrderedDict()
+        self._busy: dict[str, asyncio.Future[object]] = {}
+        self._requests: dict[RequestKey, RequestRecord] = {}  # of live leases
+        self._ended_requests: OrderedDict[RequestKey, RequestRecord] = OrderedDict()
+        self.requests_complete = True  # every known request id is in memory
+        self.gangs: OrderedDict[str, str] = OrderedDict()
+        self.live: Mapping[str, Lease] = MappingProxyType(self._live)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get(self, lease_id: str) -> Lease | None:
+        return self._live.get(lease_id) or self._ended.get(lease_id)
+
+    def on_device(self, device_uuid: str) -> tuple[Lease, ...]:
+        return tuple(self._by_device.get(device_uuid, {}).values())
+
+    def tally(self, device_uuid: str) -> Tally:
+        return self._tally.get(device_uuid, Tally())
+
+    def gang(self, gang_id: str) -> list[Lease]:
+        return [x for x in self._live.values() if x.gang_id == gang_id]
+
+    def ended_gang(self, gang_id: str) -> list[Lease]:
+        return [x for x in self._ended.values() if x.gang_id == gang_id]
+
+    def request(self, key: RequestKey) -> RequestRecord | None:
+        return self._requests.get(key) or self._ended_requests.get(key)
+
+    # -- writes in flight ------------------------------------------------------------------
+
+    def busy(self, lease_ids: Iterable[str]) -> list[asyncio.Future[object]]:
+        return [f for i in lease_ids if (f := self._busy.get(i)) is not None]
+
+    def pinned(self) -> frozenset[str]:
+        return frozenset(self._busy)
+
+    def hold(self, lease_ids: Iterable[str], write: asyncio.Future[object]) -> None:
+        for lease_id in lease_ids:
+            self._busy[lease_id] = write
+
+    def free(self, lease_ids: Iterable[str], write: asyncio.Future[object]) -> None:
+        for lease_id in lease_ids:
+            if self._busy.get(lease_id) is write:
+                del self._busy[lease_id]
+
+    # -- changing --------------------------------------------------------------------------
+
+    def take(self, lease: Lease, record: RequestRecord | None = None) -> None:
+        """A new lease holds its capacity from the moment it is decided."""
+        if lease.lease_id in self._live or not lease.state.holds_capacity:
+            raise LeaseTransitionError(f"lease {lease.lease_id} cannot be taken twice")
+        self._add(lease)
+        if record is not None:
+            self._requests[(record.tenant, record.request_id)] = record
+
+    def untake(self, lease: Lease, record: RequestRecord | None = None) -> bool:
+        """Remove ``lease`` if the ledger still holds exactly it (its write failed)."""
+        current = self._live.get(lease.lease_id)
+        if current is None or current.version != lease.version:
+            return False
+        self._remove(current)
+        if record is not None:
+            key = (record.tenant, record.request_id)
+            if self._requests.get(key) is record:
+                del self._requests[key]
+        return True
+
+    def apply(self, changes: Sequence[Lease]) -> None:
+        """Install durable changes; each must follow the version it was computed from."""
+        for change in changes:
+            current = self._live.get(change.lease_id)
+            if current is None and change.version == 1 and change.state.holds_capacity:
+                self._add(change)  # new, written before it was applied (a preemption)
+                continue
+            if current is None or current.version != change.version - 1:
+                seen = "gone" if current is None else f"at version {current.version}"
+                raise LeaseTransitionError(
+                    f"lease {change.lease_id}: version {change.version} applied but it is {seen}"
+                )
+            self._remove(current)
+            if change.state.holds_capacity:
+                self._add(change)
+            else:
+                self._end(change)
+
+    def restore(self, lease: Lease, record: RequestRecord | None) -> None:
+        """At start: a live lease read back from the store."""
+        self.take(lease, record)
+
+    def remember_request(self, record: RequestRecord) -> None:
+        key = (record.tenant, record.request_id)
+        if record.lease_id in self._live:
+            self._requests[key] = record
+        else:
+            self._remember_ended_request(key, record)
+
+    def remember_gang(self, gang_id: str, outcome: str) -> None:
+        self.gangs[gang_id] = outcome
+        self.gangs.move_to_end(gang_id)
+        while len(self.gangs) > GANGS_KEPT:
+            self.gangs.popitem(last=False)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _add(self, lease: Lease) -> None:
+        self._live[lease.lease_id] = lease
+        self._by_device.setdefault(lease.device_uuid, {})[lease.lease_id] = lease
+        self._tally[lease.device_uuid] = self.tally(lease.device_uuid).plus(lease)
+
+    def _remove(self, lease: Lease) -> None:
+        del self._live[lease.lease_id]
+        del self._by_device[lease.device_uuid][lease.lease_id]
+        self._tally[lease.device_uuid] = self.tally(lease.device_uuid).minus(lease)
+
+    def _end(self, lease: Lease) -> None:
+        self._ended[lease.lease_id] = lease
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+        key = (lease.tenant, lease.request_id)
+        record = self._requests.pop(key, None)
+        if record is not None:
+            self._remember_ended_request(key, record)
+
+    def _remember_ended_request(self, key: RequestKey, record: RequestRecord) -> None:
+        self._ended_requests[key] = record
+        while len(self._ended_requests) > REQUESTS_KEPT:
+            self._ended_requests.popitem(last=False)
+            self.requests_complete = False
+
+    def forget_requests_before(self, at: float) -> None:
+        """Drop ended leases' request ids older than ``at`` (the store prunes the same)."""
+        for key, record in list(self._ended_requests.items()):
+            if record.at >= at:
+                break
+            del self._ended_requests[key]

@@ -1,0 +1,83 @@
+"""A real SQLite store whose writes a test can hold (the sync takes as long as the test
+wants) or fail, and a node over it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.admission.policy import Rules
+from agent.core.errors import StateError
+from agent.core.types import AdmissionRequest, Device, MpsDaemonState, PriorityClass
+from agent.core.units import GIB
+from agent.runtime.events import EventLog
+from agent.runtime.node import NodeService
+from agent.state.sqlite import SqliteStateStore
+
+DEVICE = Device("GPU-0", 0, "H100", 80 * GIB)
+RULES = Rules(reserve_bytes=0, context_overhead_bytes=0)
+
+
+class ControlledStore(SqliteStateStore):
+    """Writes wait while ``held`` (on the store's thread, like a slow disk) and the next
+    ``fail_writes`` of them fail, as a full disk does."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.open = threading.Event()
+        self.open.set()
+        self.fail_writes = 0
+        self.writes = 0
+
+    def hold(self) -> None:
+        self.open.clear()
+
+    def release(self) -> None:
+        self.open.set()
+
+    def _write(self, *args):  # type: ignore[no-untyped-def]
+        self.open.wait(timeout=10)
+        self.writes += 1
+        if self.fail_writes > 0:
+            self.fail_writes -= 1
+            raise StateError("disk full (injected)")
+        return super()._write(*args)
+
+
+async def open_node(
+    path: Path,
+    *,
+    clock: Callable[[], float] = time.time,
+    devices: tuple[Device, ...] = (DEVICE,),
+    rules: Rules = RULES,
+) -> tuple[NodeService, ControlledStore, EventLog]:
+    store = ControlledStore(str(path / "state.db"))
+    await store.start()
+    events = EventLog(clock=clock)
+    await events.resume(store)
+    node = NodeService(
+        list(devices),
+        store=store,
+        events=events,
+        rules=rules,
+        sizes=[],
+        mps_root="/run/mps",
+        mps_states=lambda: [MpsDaemonState(d.uuid, True, "x") for d in devices],
+        clock=clock,
+        reservation_ttl_s=30,
+    )
+    await node.load()
+    return node, store, events
+
+
+def request(
+    request_id: str,
+    memory_gib: float,
+    priority: PriorityClass = PriorityClass.BURSTABLE,
+    *,
+    tenant: str = "t",
+    thread_pct: float = 10.0,
+) -> AdmissionRequest:
+    return AdmissionRequest(request_id, tenant, "a", priority, int(memory_gib * GIB), thread_pct)
