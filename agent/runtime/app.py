@@ -301,14 +301,14 @@ class App:
         if self.http is not None:
             await plan.step("stop HTTP", self.http.stop())
         stuck = await self.supervisor.stop(timeout_s=plan.share(0.3))
-        if self.store.writable():
-            await plan.step("write the last events", self.events.flush_at_stop())
         if stuck:
             log.warning("tasks still running after cancellation: %s", ", ".join(stuck))
         await plan.step("stop MPS daemons", self.ports.mps.aclose())
         if self.telemetry is not None:
             await plan.step("close telemetry", self.telemetry.aclose())
         await plan.step("close GPU backend", self.ports.gpu.aclose())
+        if self.store.writable():
+            await plan.step("write the last events", self.events.flush_at_stop())
         await plan.step("close the state store", self.store.aclose())
         await asyncio.to_thread(reap_children, timeout_s=max(plan.remaining(), 0.5))
         if plan.overran:
