@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
 from typing import Any
 
 from agent.core.errors import AlreadyExistsError
@@ -19,12 +18,29 @@ ECHO_CHARS = 64
 
 
 def canonical(request: AdmissionRequest, gang_id: str | None) -> dict[str, Any]:
-    values = asdict(request)
-    values.pop("request_id")
-    values["priority"] = request.priority.value
-    values["counters"] = dict(sorted(request.counters.items()))
-    values["gang_id"] = gang_id
-    return values
+    """Everything that makes the request what it is, but its id (by hand: ``asdict`` is
+    a fifth of an admission's CPU)."""
+    job = request.job
+    return {
+        "tenant": request.tenant,
+        "trust_domain": request.trust_domain,
+        "priority": request.priority.value,
+        "memory_bytes": request.memory_bytes,
+        "thread_pct": request.thread_pct,
+        "profile": request.profile,
+        "retention_floor": request.retention_floor,
+        "gpu_model": request.gpu_model,
+        "counters": dict(sorted(request.counters.items())),
+        "job": [
+            job.job_type,
+            job.model_type,
+            job.generative,
+            job.requested_gpus,
+            job.declared_duration_s,
+            job.scheduling_delay_s,
+        ],
+        "gang_id": gang_id,
+    }
 
 
 def record_for(
