@@ -8,8 +8,10 @@ tree become status codes here and only here; anything else is INTERNAL and logge
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -36,7 +38,7 @@ from agent.core.errors import (
     ValidationError,
 )
 from agent.core.lease import Lease
-from agent.core.types import AdmitResult
+from agent.core.types import AdmitResult, Event
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ SOCKET_MODE = 0o660
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 WATCH_PAGE = 500  # events a watcher reads at a time
 WATCH_MAX_LAG = 10_000  # a live watcher's bounded send queue, in events
+CATCHUP_STREAMS = 4  # watchers reading a page from the store at a time
+ENCODED_KEPT = 20_000  # serialized events kept for the watchers
 STATUS = {
     AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     LeaseTransitionError: grpc.StatusCode.INTERNAL,  # a bug: never retry it
@@ -76,12 +80,30 @@ async def answer(context: Context, call: Callable[[], Awaitable[T]]) -> T:
     raise AssertionError("abort returns by raising")
 
 
+class EncodedEvents:
+    """Events serialized once, for every watcher that sends them (bounded, newest kept)."""
+
+    def __init__(self) -> None:
+        self._by_seq: OrderedDict[int, bytes] = OrderedDict()
+
+    def encode(self, event: Event) -> bytes:
+        data = self._by_seq.get(event.seq)
+        if data is None:
+            data = convert.event_to_pb(event).SerializeToString()
+            self._by_seq[event.seq] = data
+            if len(self._by_seq) > ENCODED_KEPT:
+                self._by_seq.popitem(last=False)
+        return data
+
+
 class AgentService(pb_grpc.AgentServicer):
     def __init__(self, node: NodeApi, events: EventFeed, *, admin: bool, max_batch: int) -> None:
         self._node = node
         self._events = events
         self._admin = admin
         self._max_batch = max_batch
+        self._wire = EncodedEvents()
+        self._catching_up = asyncio.Semaphore(CATCHUP_STREAMS)
 
     async def _admin_only(self, context: Context, name: str) -> None:
         if not self._admin:
@@ -178,9 +200,11 @@ class AgentService(pb_grpc.AgentServicer):
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: Context
     ) -> AsyncIterator[pb.Event]:
-        """Catch up in pages (from the store's reader while behind the ring), then follow
-        the ring, woken once per published batch. A live watcher more than ``WATCH_MAX_LAG``
-        events behind is ended with RESOURCE_EXHAUSTED, naming where to resume."""
+        """Catch up in pages (from the store's reader while behind the ring, a few
+        watchers at a time), then follow the ring, woken once per published batch. Each
+        event is serialized once for every watcher. A live watcher more than
+        ``WATCH_MAX_LAG`` events behind is ended with RESOURCE_EXHAUSTED, naming where to
+        resume."""
         last = request.since_seq
         if last > self._events.last_seq:
             await context.abort(
@@ -193,23 +217,25 @@ class AgentService(pb_grpc.AgentServicer):
         while True:
             change = self._events.change()
             if last + 1 < self._events.oldest_seq:
-                page = await self._events.stored_since(last, limit=WATCH_PAGE)
                 live = False
-            else:
-                if live and self._events.last_seq - last > WATCH_MAX_LAG:
-                    await context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"this watcher fell {self._events.last_seq - last} events behind; "
-                        f"resume with since_seq={last}",
-                    )
-                page = self._events.since(last, limit=WATCH_PAGE)
-                live = True
+                async with self._catching_up:
+                    for event in await self._events.stored_since(last, limit=WATCH_PAGE):
+                        last = event.seq
+                        yield self._wire.encode(event)  # type: ignore[misc]
+                continue
+            if live and self._events.last_seq - last > WATCH_MAX_LAG:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this watcher fell {self._events.last_seq - last} events behind; "
+                    f"resume with since_seq={last}",
+                )
+            live = True
+            page = self._events.since(last, limit=WATCH_PAGE)
             if not page:
                 await change.wait()
-                continue
             for event in page:
                 last = event.seq
-                yield convert.event_to_pb(event)
+                yield self._wire.encode(event)  # type: ignore[misc]
 
     async def Drain(self, request: pb.DrainRequest, context: Context) -> pb.DrainResponse:
         await self._admin_only(context, "Drain")

@@ -51,6 +51,15 @@ def _streaming(method: Any, type_name: str) -> Callable[..., AsyncIterator[Any]]
     return handle
 
 
+def _passing_bytes(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """A stream may yield messages already serialized (one event, many watchers)."""
+
+    def run(message: Any) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+
+    return run
+
+
 def add_agent_service(servicer: Any, server: grpc.aio.Server) -> None:
     handlers = {}
     for method in SERVICE.methods:
@@ -61,7 +70,7 @@ def add_agent_service(servicer: Any, server: grpc.aio.Server) -> None:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
                 _streaming(implementation, method.input_type.name),
                 request_deserializer=_parser(request),
-                response_serializer=response.SerializeToString,
+                response_serializer=_passing_bytes(response.SerializeToString),
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(

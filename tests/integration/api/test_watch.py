@@ -1,0 +1,106 @@
+"""WatchEvents on a real gRPC server over a Unix socket, with a small ring so catch-up runs
+from the store's reader: paged, dense, bounded, and refusing what it cannot serve."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.api import grpc_server
+from agent.api.grpc_server import AgentService, GrpcServer
+from agent.api.proto import agent_pb2 as pb
+from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.runtime.events import EventLog
+from agent.state.port import Retention
+from agent.state.sqlite import SqliteStateStore
+from tests.helpers import short_dir
+
+Feed = tuple[EventLog, SqliteStateStore, pb_grpc.AgentStub]
+
+
+@pytest.fixture
+async def feed(tmp_path: Path) -> AsyncIterator[Feed]:
+    store = SqliteStateStore(str(tmp_path / "state.db"))
+    await store.start()
+    events = EventLog(capacity=20)
+    await events.resume(store)
+    with short_dir() as run:
+        server = GrpcServer(
+            AgentService(None, events, admin=True, max_batch=8),  # type: ignore[arg-type]
+            address=f"unix:{run}/agent.sock",
+            key="api.unix_socket",
+        )
+        await server.start()
+        async with grpc.aio.insecure_channel(f"unix:{run}/agent.sock") as channel:
+            yield events, store, pb_grpc.AgentStub(channel)
+        await server.stop(0.1)
+    await store.aclose()
+
+
+async def publish(events: EventLog, count: int) -> None:
+    for i in range(count):
+        events("test.tick", f"tick {i}")
+    assert await events.flush()
+
+
+async def take(stream: Any, count: int) -> list[pb.Event]:
+    got = []
+    async for event in stream:
+        got.append(event)
+        if len(got) == count:
+            break
+    return got
+
+
+async def test_catch_up_past_the_ring_is_dense_then_live(feed: Feed) -> None:
+    events, _store, stub = feed
+    await publish(events, 1200)  # the ring keeps the last 20 to 40; the rest is in the store
+    assert events.oldest_seq > 1000
+    stream = stub.WatchEvents(pb.WatchEventsRequest(since_seq=0))
+    caught = await take(stream, 1200)
+    assert [e.seq for e in caught] == list(range(1, 1201))
+    assert {e.epoch for e in caught} == {events.epoch}
+    await publish(events, 1)
+    (live,) = await take(stream, 1)
+    assert live.seq == 1201 and live.message == "tick 0"
+    stream.cancel()
+
+
+async def test_since_beyond_the_last_event_is_out_of_range(feed: Feed) -> None:
+    events, _store, stub = feed
+    await publish(events, 3)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await take(stub.WatchEvents(pb.WatchEventsRequest(since_seq=4)), 1)
+    assert refused.value.code() is grpc.StatusCode.OUT_OF_RANGE
+    assert "beyond the last event (3)" in (refused.value.details() or "")
+
+
+async def test_below_the_retained_range_starts_at_the_first_retained(feed: Feed) -> None:
+    events, store, stub = feed
+    await publish(events, 1100)
+    await store.prune(now=0, retention=Retention(max_events=1000))
+    stream = stub.WatchEvents(pb.WatchEventsRequest(since_seq=0))
+    (first,) = await take(stream, 1)
+    assert first.seq == 101
+    assert dict(await stream.initial_metadata())["gpushare-first-seq"] == "101"
+    stream.cancel()
+
+
+async def test_a_live_watcher_too_far_behind_is_told_where_to_resume(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grpc_server, "WATCH_MAX_LAG", 5)
+    events, _store, stub = feed
+    stream = stub.WatchEvents(pb.WatchEventsRequest(since_seq=0))
+    await stream.initial_metadata()
+    await publish(events, 1)
+    (seen,) = await take(stream, 1)
+    await publish(events, 30)  # one batch: the watcher wakes 30 behind
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        await take(stream, 30)
+    assert ended.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"resume with since_seq={seen.seq}" in (ended.value.details() or "")
