@@ -71,8 +71,12 @@ def place_batch(
             assert decision.device_uuid is not None
             view = current[decision.device_uuid]
             pending = _pending(request, view.device.uuid, now)
+            domains = None if view.domains is None else view.domains | {pending.trust_domain}
             current[view.device.uuid] = dataclasses.replace(
-                view, leases=(*view.leases, pending), tally=view.totals().plus(pending)
+                view,
+                leases=(*view.leases, pending),
+                tally=view.totals().plus(pending),
+                domains=domains,
             )
         decisions.append(decision)
     return decisions

@@ -100,6 +100,7 @@ class DeviceView:
     closed_detail: str = ""
     tally: Tally | None = None
     pinned: frozenset[str] = frozenset()
+    domains: frozenset[str] | None = None  # the leases' trust domains (the ledger keeps them)
 
     def totals(self) -> Tally:
         return self.tally if self.tally is not None else Tally.of(self.leases)
@@ -160,7 +161,9 @@ def _refusal(
         return ReasonCode.MODEL_MISMATCH, f"wants {request.gpu_model}, device is {device.model}"
     if device.sharing_mode is SharingMode.EXCLUSIVE and view.leases:
         return ReasonCode.EXCLUSIVE_BUSY, "exclusive device already holds a lease"
-    domains = {lease.trust_domain for lease in view.leases}
+    domains = (
+        view.domains if view.domains is not None else {x.trust_domain for x in view.leases}
+    )
     if domains and domains != {request.trust_domain}:
         other = sorted(domains)[0]
         return ReasonCode.TRUST_CONFLICT, (

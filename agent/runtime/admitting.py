@@ -114,6 +114,7 @@ class Admissions:
                 decision = decide(request, self._views(), o.rules, now=now, gate=o.gate)
                 if not decision.admitted:
                     return AdmitResult(decision)
+                decision = _lean(decision)
                 lease = self._new_lease(request, decision, now, gang_id, ttl_s)
                 record = record_for(request, gang_id, lease.lease_id, now)
                 if decision.preempted_lease_ids:
@@ -346,6 +347,12 @@ class Admissions:
             for item in taken:
                 self._track((item.lease.tenant, item.lease.request_id), write)
         return taken, write
+
+
+def _lean(decision: Decision) -> Decision:
+    """An admission's answer names the chosen device's attempt only (Explain has all)."""
+    chosen = tuple(a for a in decision.attempts if a.device_uuid == decision.device_uuid)
+    return dataclasses.replace(decision, attempts=chosen)
 
 
 def _item_error(exc: GpushareError) -> AdmitResult:

@@ -12,7 +12,7 @@ request ids are remembered in bounded maps; older ones are read from the store.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -34,6 +34,9 @@ class Ledger:
         self._tally: dict[str, Tally] = {uuid: Tally() for uuid in self._by_device}
         self._ended: OrderedDict[str, Lease] = OrderedDict()
         self._busy: dict[str, asyncio.Future[object]] = {}
+        self._pinned: frozenset[str] | None = frozenset()  # cache of the busy ids
+        self._tuples: dict[str, tuple[Lease, ...]] = {}  # cache of on_device
+        self._domains: dict[str, Counter[str]] = {uuid: Counter() for uuid in self._by_device}
         self._requests: dict[RequestKey, RequestRecord] = {}  # of live leases
         self._ended_requests: OrderedDict[RequestKey, RequestRecord] = OrderedDict()
         self.requests_complete = True  # every known request id is in memory
@@ -46,7 +49,15 @@ class Ledger:
         return self._live.get(lease_id) or self._ended.get(lease_id)
 
     def on_device(self, device_uuid: str) -> tuple[Lease, ...]:
-        return tuple(self._by_device.get(device_uuid, {}).values())
+        leases = self._tuples.get(device_uuid)
+        if leases is None:
+            leases = tuple(self._by_device.get(device_uuid, {}).values())
+            self._tuples[device_uuid] = leases
+        return leases
+
+    def domains(self, device_uuid: str) -> frozenset[str]:
+        """The trust domains of the leases on a device."""
+        return frozenset(self._domains.get(device_uuid, ()))
 
     def tally(self, device_uuid: str) -> Tally:
         return self._tally.get(device_uuid, Tally())
@@ -66,16 +77,20 @@ class Ledger:
         return [f for i in lease_ids if (f := self._busy.get(i)) is not None]
 
     def pinned(self) -> frozenset[str]:
-        return frozenset(self._busy)
+        if self._pinned is None:
+            self._pinned = frozenset(self._busy)
+        return self._pinned
 
     def hold(self, lease_ids: Iterable[str], write: asyncio.Future[object]) -> None:
         for lease_id in lease_ids:
             self._busy[lease_id] = write
+        self._pinned = None
 
     def free(self, lease_ids: Iterable[str], write: asyncio.Future[object]) -> None:
         for lease_id in lease_ids:
             if self._busy.get(lease_id) is write:
                 del self._busy[lease_id]
+        self._pinned = None
 
     # -- changing --------------------------------------------------------------------------
 
@@ -137,14 +152,23 @@ class Ledger:
     # -- internals -------------------------------------------------------------------------
 
     def _add(self, lease: Lease) -> None:
+        uuid = lease.device_uuid
         self._live[lease.lease_id] = lease
-        self._by_device.setdefault(lease.device_uuid, {})[lease.lease_id] = lease
-        self._tally[lease.device_uuid] = self.tally(lease.device_uuid).plus(lease)
+        self._by_device.setdefault(uuid, {})[lease.lease_id] = lease
+        self._tally[uuid] = self.tally(uuid).plus(lease)
+        self._domains.setdefault(uuid, Counter())[lease.trust_domain] += 1
+        self._tuples.pop(uuid, None)
 
     def _remove(self, lease: Lease) -> None:
+        uuid = lease.device_uuid
         del self._live[lease.lease_id]
-        del self._by_device[lease.device_uuid][lease.lease_id]
-        self._tally[lease.device_uuid] = self.tally(lease.device_uuid).minus(lease)
+        del self._by_device[uuid][lease.lease_id]
+        self._tally[uuid] = self.tally(uuid).minus(lease)
+        domains = self._domains[uuid]
+        domains[lease.trust_domain] -= 1
+        if domains[lease.trust_domain] <= 0:
+            del domains[lease.trust_domain]
+        self._tuples.pop(uuid, None)
 
     def _end(self, lease: Lease) -> None:
         self._ended[lease.lease_id] = lease

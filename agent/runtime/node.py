@@ -131,6 +131,7 @@ class NodeService:
                     detail,
                     tally=self.ledger.tally(uuid),
                     pinned=pinned,
+                    domains=self.ledger.domains(uuid),
                 )
             )
         return views

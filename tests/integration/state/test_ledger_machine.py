@@ -14,6 +14,7 @@ write failures and restarts injected anywhere, and checks after every step that
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -86,7 +87,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(rid=request_ids, tenant=tenants, gib=sizes, priority=priorities, pct=threads)
     def admit(self, rid: str, tenant: str, gib: int, priority: PriorityClass, pct: float) -> None:
-        req = request(rid, gib, priority, tenant=tenant, thread_pct=pct)
+        req = dataclasses.replace(
+            request(rid, gib, priority, tenant=tenant, thread_pct=pct), trust_domain=tenant
+        )
         self.note(self.run(self.call(self.node.admit(req))))
 
     @rule(items=st.lists(st.tuples(request_ids, sizes, priorities), min_size=1, max_size=4))
@@ -192,6 +195,7 @@ class LedgerMachine(RuleBasedStateMachine):
             leases = self.node.ledger.on_device(device.uuid)
             tally = self.node.ledger.tally(device.uuid)
             assert tally == Tally.of(leases), "running tally equals the sum"
+            assert self.node.ledger.domains(device.uuid) == {x.trust_domain for x in leases}
             used = tally.memory_bytes + tally.clients * RULES.context_overhead_bytes
             assert used <= device.memory_bytes
             assert tally.thread_pct <= RULES.thread_budget_pct + 1e-9
