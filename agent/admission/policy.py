@@ -161,9 +161,7 @@ def _refusal(
         return ReasonCode.MODEL_MISMATCH, f"wants {request.gpu_model}, device is {device.model}"
     if device.sharing_mode is SharingMode.EXCLUSIVE and view.leases:
         return ReasonCode.EXCLUSIVE_BUSY, "exclusive device already holds a lease"
-    domains = (
-        view.domains if view.domains is not None else {x.trust_domain for x in view.leases}
-    )
+    domains = view.domains if view.domains is not None else {x.trust_domain for x in view.leases}
     if domains and domains != {request.trust_domain}:
         other = sorted(domains)[0]
         return ReasonCode.TRUST_CONFLICT, (
