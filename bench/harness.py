@@ -50,11 +50,13 @@ class Agent:
 
     def start(self) -> None:
         (self.root / "token").write_text(TOKEN)
+        (self.root / "token").chmod(0o600)  # the agent refuses a token others can read
         args = [
             sys.executable, "-m", "agent", "--socket", str(self.root / "agent.sock"), "serve",
             "--sim", "--http-listen", f"127.0.0.1:{self.http_port}",
             "--tcp-listen", f"127.0.0.1:{self.tcp_port}",
             "--set", f"api.token_file={self.root / 'token'}",
+            "--set", "api.insecure_loopback=true",
             "--set", f"paths.runtime_dir={self.root}",
             "--set", f"paths.state_dir={self.root}/state",
             "--set", "mps.probe_interval_s=0.5",

@@ -165,6 +165,12 @@ class AgentCollector(Collector):
             "Times the daemon's defaults were found changed behind the agent and re-applied.",
             labels=["device"],
         )
+        pipes = CounterMetricFamily(
+            "gpushare_mps_pipe_permission_violations",
+            "Changes found in the mode or owner of the device's MPS pipe and log directories "
+            "and pipe files (each reported as an mps.pipe_permissions event).",
+            labels=["device"],
+        )
         clients = GaugeMetricFamily(
             "gpushare_mps_clients",
             "MPS client processes connected to the device's servers.",
@@ -173,9 +179,11 @@ class AgentCollector(Collector):
         for m in snapshot.mps:
             restarts.add_metric([m.device_uuid], m.restarts)
             drift.add_metric([m.device_uuid], m.defaults_drift_total)
+            pipes.add_metric([m.device_uuid], m.pipe_permission_violations_total)
             clients.add_metric([m.device_uuid], sum(len(s.client_pids) for s in m.servers))
         yield restarts
         yield drift
+        yield pipes
         yield clients
 
     def _telemetry_families(self, snapshot: NodeSnapshot) -> Iterator[Metric]:

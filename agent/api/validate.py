@@ -1,13 +1,17 @@
 """Requests from the wire to core types, refusing what is malformed with the field's name.
 
-Strings are bounded, numbers range-checked, enums must be known. Everything here raises
-:class:`ValidationError` (INVALID_ARGUMENT), never anything else.
+Strings are bounded, numbers range-checked, enums must be known. No string may hold
+control characters (Unicode Cc, C1 included), line or paragraph separators, or
+bidirectional formatting characters: they forge log lines and reorder what people read.
+A value echoed in a message is cut to :data:`MAX_SHOWN` characters. Everything here
+raises :class:`ValidationError` (INVALID_ARGUMENT), never anything else.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Mapping
 
 from agent.admission.sizing import Mode, SizingSpec, size
@@ -16,6 +20,13 @@ from agent.core.errors import ValidationError
 from agent.core.types import AdmissionRequest, JobAttributes, PriorityClass
 
 MAX_TEXT = 128
+MAX_SHOWN = 64  # characters of a caller's value repeated in a message
+MAX_DEVICE_ID = 128
+# U+061C, U+200E/F, U+202A-U+202E, U+2066-U+2069: bidirectional marks, embeddings,
+# overrides and isolates; U+2028/U+2029: line and paragraph separators.
+FORBIDDEN = frozenset(
+    "\u061c\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
 MAX_MEMORY_BYTES = 2**50  # 1 PiB: nothing real asks for more
 MIN_MEMORY_BYTES = 2**20  # MPS limits are whole MiB
 _ID_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]+$")
@@ -26,7 +37,34 @@ PRIORITIES = {
 }
 
 
+def shown(value: str, limit: int = MAX_SHOWN) -> str:
+    """``value`` for a message: at most ``limit`` characters, then an ellipsis, repr-quoted
+    so that nothing in it is printed raw."""
+    cut = value if len(value) <= limit else value[:limit] + "…"
+    return repr(cut)
+
+
+def forbidden_character(value: str) -> str | None:
+    """A description of the first control, separator or bidi character, else None."""
+    for position, ch in enumerate(value):
+        if ch in FORBIDDEN or unicodedata.category(ch) == "Cc":
+            name = unicodedata.name(ch, "control character")
+            return f"U+{ord(ch):04X} ({name}) at position {position}"
+    return None
+
+
+def clean(value: str, field: str) -> str:
+    """Refuse control, line-separator and bidirectional-format characters."""
+    found = forbidden_character(value)
+    if found is not None:
+        raise ValidationError(
+            field, f"holds a control, separator or bidirectional character: {found}"
+        )
+    return value
+
+
 def identifier(value: str, field: str, *, required: bool = True) -> str:
+    clean(value, field)
     if not value:
         if required:
             raise ValidationError(field, "is required")
@@ -41,9 +79,17 @@ def identifier(value: str, field: str, *, required: bool = True) -> str:
 def text(value: str, field: str) -> str:
     if len(value) > MAX_TEXT:
         raise ValidationError(field, f"is longer than {MAX_TEXT} characters")
-    if any(ord(ch) < 32 for ch in value):
-        raise ValidationError(field, "holds control characters")
-    return value
+    return clean(value, field)
+
+
+def device_id(value: str, field: str = "device_uuid") -> str:
+    """A device UUID as an admin names it (empty: every device): bounded, clean, and of
+    the characters device ids are made of."""
+    if len(value) > MAX_DEVICE_ID:
+        raise ValidationError(
+            field, f"is longer than {MAX_DEVICE_ID} characters (starts {shown(value)})"
+        )
+    return identifier(value, field, required=False)
 
 
 def fraction(value: float, field: str, low: float, high: float, *, low_open: bool) -> float:
@@ -139,13 +185,13 @@ def memory(message: pb.Request, field: str) -> int:
 
 def sizing(message: pb.Sizing, field: str) -> SizingSpec:
     try:
-        mode = Mode(message.mode)
+        mode = Mode(text(message.mode, f"{field}.mode"))
     except ValueError:
         raise ValidationError(f"{field}.mode", "must be training or inference") from None
     return SizingSpec(
         parameters=message.parameters,
         mode=mode,
-        dtype=message.dtype or "bf16",
+        dtype=text(message.dtype, f"{field}.dtype") or "bf16",
         layers=message.layers,
         kv_heads=message.kv_heads,
         head_dim=message.head_dim,

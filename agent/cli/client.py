@@ -1,9 +1,13 @@
-"""Calls to the local agent over its Unix socket, with errors people can act on."""
+"""Calls to the agent, with errors people can act on: over its Unix socket (a path), or
+over TCP to an :class:`Endpoint` with TLS (a CA, optionally a client certificate) and an
+optional bearer token."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,41 +24,97 @@ class AgentRefused(Exception):
     """The agent answered with an error status (bad input, not found, ...)."""
 
 
-def _channel(socket_path: str) -> grpc.Channel:
-    if not os.path.exists(socket_path):
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """The agent's TCP listener: ``target`` host:port, the CA its certificate chains to,
+    a client certificate and key for mutual TLS, a token file for a bearer token."""
+
+    target: str
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    token_file: str = ""
+    server_name: str = ""
+
+    def channel(self) -> grpc.Channel:
+        if not self.ca_file:
+            raise AgentUnreachable(
+                f"{self.target}: the agent's TCP listener speaks TLS: give --tls-ca "
+                "(and --tls-cert/--tls-key for mutual TLS)"
+            )
+        try:
+            cert = Path(self.cert_file).read_bytes() if self.cert_file else None
+            key = Path(self.key_file).read_bytes() if self.key_file else None
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=Path(self.ca_file).read_bytes(),
+                private_key=key,
+                certificate_chain=cert,
+            )
+        except OSError as exc:
+            raise AgentUnreachable(f"cannot read TLS material: {exc}") from exc
+        options = [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+        return grpc.secure_channel(self.target, credentials, options=options)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        if not self.token_file:
+            return ()
+        try:
+            token = Path(self.token_file).read_text().strip()
+        except OSError as exc:
+            raise AgentUnreachable(f"cannot read {self.token_file}: {exc.strerror}") from exc
+        return (("authorization", f"Bearer {token}"),)
+
+
+Where = str | Endpoint  # a Unix socket path, or a TCP endpoint
+
+
+def _channel(where: Where) -> grpc.Channel:
+    if isinstance(where, Endpoint):
+        return where.channel()
+    if not os.path.exists(where):
         raise AgentUnreachable(
-            f"no agent socket at {socket_path}: is the agent running (gpushare serve)? "
+            f"no agent socket at {where}: is the agent running (gpushare serve)? "
             "Use --socket or GPUSHARE_SOCKET if it listens elsewhere"
         )
-    return grpc.insecure_channel(f"unix:{socket_path}")
+    return grpc.insecure_channel(f"unix:{where}")
 
 
-def call(socket_path: str, method: str, request: Any, *, timeout_s: float = 5.0) -> Any:
+def _name(where: Where) -> str:
+    return where.target if isinstance(where, Endpoint) else where
+
+
+def _metadata(where: Where) -> tuple[tuple[str, str], ...]:
+    return where.metadata() if isinstance(where, Endpoint) else ()
+
+
+def call(where: Where, method: str, request: Any, *, timeout_s: float = 5.0) -> Any:
     """One unary call of ``gpushare.v1.Agent``; errors become AgentUnreachable/Refused."""
-    with _channel(socket_path) as channel:
+    metadata = _metadata(where)
+    with _channel(where) as channel:
         stub = pb_grpc.AgentStub(channel)
         try:
-            return getattr(stub, method)(request, timeout=timeout_s)
+            return getattr(stub, method)(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise AgentUnreachable(
-                    f"the agent at {socket_path} did not answer: {code.name}: {exc.details()}"
+                    f"the agent at {_name(where)} did not answer: {code.name}: {exc.details()}"
                 ) from exc
             raise AgentRefused(f"{code.name}: {exc.details()}") from exc
 
 
-def get_node(socket_path: str, *, timeout_s: float = 5.0) -> pb.GetNodeResponse:
-    response: pb.GetNodeResponse = call(
-        socket_path, "GetNode", pb.GetNodeRequest(), timeout_s=timeout_s
-    )
+def get_node(where: Where, *, timeout_s: float = 5.0) -> pb.GetNodeResponse:
+    response: pb.GetNodeResponse = call(where, "GetNode", pb.GetNodeRequest(), timeout_s=timeout_s)
     return response
 
 
-def watch_events(socket_path: str, since_seq: int) -> Iterator[pb.Event]:
-    with _channel(socket_path) as channel:
+def watch_events(where: Where, since_seq: int) -> Iterator[pb.Event]:
+    metadata = _metadata(where)
+    with _channel(where) as channel:
         stub = pb_grpc.AgentStub(channel)
         try:
-            yield from stub.WatchEvents(pb.WatchEventsRequest(since_seq=since_seq))
+            yield from stub.WatchEvents(
+                pb.WatchEventsRequest(since_seq=since_seq), metadata=metadata
+            )
         except grpc.RpcError as exc:
             raise AgentUnreachable(f"event stream ended: {exc.code().name}") from exc

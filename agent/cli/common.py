@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import click
 
 from agent.cli import exits
+from agent.cli.client import Endpoint, Where
 from agent.config import Settings, load_settings
 from agent.core.errors import ConfigError
 
@@ -41,3 +42,19 @@ def resolve_settings(ctx: click.Context, overrides: Mapping[str, Any] | None = N
         return load_settings(text, env=os.environ, overrides=flags, source=path or "config")
     except ConfigError as exc:
         fail(f"configuration error: {exc}", exits.CONFIG)
+
+
+def resolve_endpoint(ctx: click.Context, settings: Settings) -> Where:
+    """The agent to ask: ``--target`` with its TLS files and token, else the Unix socket."""
+    given: dict[str, str | None] = ctx.find_root().obj.get("endpoint") or {}
+    target = given.get("target")
+    if not target:
+        return settings.unix_socket_path
+    return Endpoint(
+        target,
+        ca_file=given.get("tls_ca") or "",
+        cert_file=given.get("tls_cert") or "",
+        key_file=given.get("tls_key") or "",
+        token_file=given.get("token_file") or "",
+        server_name=given.get("tls_server_name") or "",
+    )

@@ -13,8 +13,15 @@ import click
 from agent.admission.sizing import DTYPE_BYTES, Mode, SizingSpec, size
 from agent.api.proto import agent_pb2 as pb
 from agent.cli import exits
-from agent.cli.client import AgentRefused, AgentUnreachable, call, get_node, watch_events
-from agent.cli.common import resolve_settings
+from agent.cli.client import (
+    AgentRefused,
+    AgentUnreachable,
+    Where,
+    call,
+    get_node,
+    watch_events,
+)
+from agent.cli.common import resolve_endpoint, resolve_settings
 from agent.cli.render import message_dict, table, to_json
 from agent.core.errors import UnitError, ValidationError
 from agent.core.units import format_bytes, parse_bytes
@@ -22,8 +29,10 @@ from agent.core.units import format_bytes, parse_bytes
 PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
 
 
-def _socket(ctx: click.Context) -> str:
-    return resolve_settings(ctx.find_root()).unix_socket_path
+def _socket(ctx: click.Context) -> Where:
+    """The Unix socket, or the TCP endpoint given with --target."""
+    root = ctx.find_root()
+    return resolve_endpoint(root, resolve_settings(root))
 
 
 def _guard(action: Callable[[], Any]) -> Any:

@@ -7,6 +7,7 @@ then flags; ``gpushare config show`` prints the result.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -16,7 +17,7 @@ import yaml
 from agent import __version__
 from agent.cli import exits
 from agent.cli.client import AgentUnreachable, get_node
-from agent.cli.common import CONTEXT, DEFAULT_CONFIG, fail, resolve_settings
+from agent.cli.common import CONTEXT, DEFAULT_CONFIG, fail, resolve_endpoint, resolve_settings
 from agent.cli.render import message_dict, table, to_json
 from agent.config import Settings, settings_as_dict
 from agent.config.loading import env_name, setting_fields
@@ -27,6 +28,8 @@ from agent.core.errors import (
     SimulationError,
 )
 from agent.core.units import format_bytes
+
+SERVE_UMASK = 0o077
 
 
 @click.group(context_settings=CONTEXT)
@@ -47,8 +50,38 @@ from agent.core.units import format_bytes
     metavar="PATH",
     help="The agent's Unix socket (overrides api.unix_socket). Env: GPUSHARE_SOCKET.",
 )
+@click.option(
+    "--target",
+    envvar="GPUSHARE_TARGET",
+    metavar="HOST:PORT",
+    help="Ask the agent's TCP listener instead of the socket (status, leases, explain, "
+    "events). Env: GPUSHARE_TARGET.",
+)
+@click.option(
+    "--tls-ca", envvar="GPUSHARE_TLS_CA", metavar="FILE", help="CA of the agent's certificate."
+)
+@click.option(
+    "--tls-cert", envvar="GPUSHARE_TLS_CERT", metavar="FILE", help="Client certificate (mTLS)."
+)
+@click.option(
+    "--tls-key", envvar="GPUSHARE_TLS_KEY", metavar="FILE", help="Client private key (mTLS)."
+)
+@click.option(
+    "--tls-server-name",
+    envvar="GPUSHARE_TLS_SERVER_NAME",
+    metavar="NAME",
+    help="Name to check the agent's certificate against, if not the target's host.",
+)
+@click.option(
+    "--token-file",
+    envvar="GPUSHARE_TOKEN_FILE",
+    metavar="FILE",
+    help="File holding the bearer token for --target.",
+)
 @click.pass_context
-def cli(ctx: click.Context, config: str | None, socket: str | None) -> None:
+def cli(
+    ctx: click.Context, /, config: str | None, socket: str | None, **endpoint: str | None
+) -> None:
     """gpushare: a node-local GPU sharing agent (CUDA MPS with limits, leases, admission).
 
     Start it with `gpushare serve` (`--sim` on a machine without GPUs), then ask it
@@ -56,7 +89,7 @@ def cli(ctx: click.Context, config: str | None, socket: str | None) -> None:
     error, 3 another agent already serves the socket, 4 the agent cannot be reached.
     """
     ctx.ensure_object(dict)
-    ctx.obj.update(config=config, socket=socket)
+    ctx.obj.update(config=config, socket=socket, endpoint=endpoint)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -104,20 +137,26 @@ def serve(
 
     Without --sim the agent needs an NVIDIA driver and refuses to start if there is none.
     """
-    flags = _assignments(assignments)
-    named = {
-        "api.http_listen": http_listen,
-        "api.tcp_listen": tcp_listen,
-        "runtime.log_level": log_level,
-        "runtime.log_format": log_format,
-    }
-    flags.update({k: v for k, v in named.items() if v is not None})
-    if sim is not None:
-        flags["sim.enabled"] = True
-        if sim != "-":
-            flags["sim.node_file"] = sim
-    settings = resolve_settings(ctx, flags)
-    sys.exit(_run_agent(settings))
+    # Before any file or socket exists: state, logs and locks for the agent's user alone
+    # (the socket narrows it to 0660 at bind, the MPS directories set their own modes).
+    previous_umask = os.umask(SERVE_UMASK)
+    try:
+        flags = _assignments(assignments)
+        named = {
+            "api.http_listen": http_listen,
+            "api.tcp_listen": tcp_listen,
+            "runtime.log_level": log_level,
+            "runtime.log_format": log_format,
+        }
+        flags.update({k: v for k, v in named.items() if v is not None})
+        if sim is not None:
+            flags["sim.enabled"] = True
+            if sim != "-":
+                flags["sim.node_file"] = sim
+        settings = resolve_settings(ctx, flags)
+        sys.exit(_run_agent(settings))
+    finally:
+        os.umask(previous_umask)  # for a caller in the same process (tests)
 
 
 def _assignments(items: tuple[str, ...]) -> dict[str, Any]:
@@ -131,11 +170,13 @@ def _assignments(items: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _run_agent(settings: Settings) -> int:
+    from agent.runtime import checks
     from agent.runtime.app import App
     from agent.runtime.logs import setup_logging
 
     try:
         app = App(settings)
+        checks.prepare_state_dir(settings.paths.state_dir)
         setup_logging(level=settings.runtime.log_level, fmt=settings.runtime.log_format)
         return asyncio.run(app.run())
     except (ConfigError, SimulationError) as exc:
@@ -161,7 +202,7 @@ def status(ctx: click.Context, as_json: bool, timeout_s: float) -> None:
     """Show the node's devices, their MPS daemons and latest counters."""
     settings = resolve_settings(ctx)
     try:
-        node = get_node(settings.unix_socket_path, timeout_s=timeout_s)
+        node = get_node(resolve_endpoint(ctx, settings), timeout_s=timeout_s)
     except AgentUnreachable as exc:
         fail(str(exc), exits.UNREACHABLE)
     if as_json:

@@ -1,6 +1,7 @@
 """A typed Python client of the agent's gRPC API, for schedulers.
 
-    async with AgentClient("gpu-node-1:7443", token="...") as agent:
+    credentials = tls_credentials("ca.crt", cert_file="client.crt", key_file="client.key")
+    async with AgentClient("gpu-node-1:9807", credentials=credentials) as agent:
         result = await agent.admit(tenant="team-a", trust_domain="team-a",
                                    priority=Priority.GUARANTEED, memory_bytes=20 * 2**30,
                                    thread_pct=25)
@@ -10,9 +11,11 @@
 
 Calls that fail with UNAVAILABLE are retried with exponential backoff, always with the same
 request id, so a retry never admits twice. ``watch_events`` reconnects and resumes after the
-last event it delivered.
+last event it delivered. With a bearer token over server TLS instead of a client
+certificate: ``AgentClient(target, token=read_token_file(path),
+credentials=tls_credentials("ca.crt"))``.
 """
 
-from agent.client.client import AgentClient, Priority
+from agent.client.client import AgentClient, Priority, read_token_file, tls_credentials
 
-__all__ = ["AgentClient", "Priority"]
+__all__ = ["AgentClient", "Priority", "read_token_file", "tls_credentials"]

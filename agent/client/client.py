@@ -6,6 +6,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -21,6 +22,26 @@ Priority = pb.Priority
 RETRIED = (grpc.StatusCode.UNAVAILABLE,)
 
 
+def tls_credentials(
+    ca_file: str, *, cert_file: str = "", key_file: str = ""
+) -> grpc.ChannelCredentials:
+    """Channel credentials that trust the agent's CA (``ca_file``) and, for mutual TLS,
+    present the client certificate ``cert_file`` with its key ``key_file``."""
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("a client certificate needs both cert_file and key_file")
+    ca = Path(ca_file).read_bytes()
+    cert = Path(cert_file).read_bytes() if cert_file else None
+    key = Path(key_file).read_bytes() if key_file else None
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in ``path``, surrounding whitespace stripped."""
+    return Path(path).read_text().strip()
+
+
 class AgentClient:
     def __init__(
         self,
@@ -28,6 +49,7 @@ class AgentClient:
         *,
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
+        server_name: str = "",
         timeout_s: float = 10.0,
         attempts: int = 5,
         backoff_s: float = 0.1,
@@ -35,6 +57,7 @@ class AgentClient:
         self.target = target
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._credentials = credentials
+        self._options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
         self._timeout_s = timeout_s
         self._attempts = attempts
         self._backoff_s = backoff_s
@@ -43,7 +66,9 @@ class AgentClient:
 
     async def __aenter__(self) -> AgentClient:
         if self._credentials is not None:
-            self._channel = grpc.aio.secure_channel(self.target, self._credentials)
+            self._channel = grpc.aio.secure_channel(
+                self.target, self._credentials, options=self._options
+            )
         else:
             self._channel = grpc.aio.insecure_channel(self.target)
         self._stub = pb_grpc.AgentStub(self._channel)

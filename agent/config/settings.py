@@ -76,13 +76,26 @@ class ApiSettings:
     )
     token_file: str = _setting(
         "",
-        "File holding the bearer token TCP callers must send (authorization: Bearer <token>). "
-        "Read at start; never logged.",
+        "File holding the bearer token TCP callers must send (authorization: Bearer <token>): "
+        "owned by the agent's user, mode 0600 or 0400, at least 128 bits of entropy. Needs "
+        "server TLS (api.tls_cert_file/tls_key_file) unless api.insecure_loopback. Read at "
+        "start and on SIGHUP; never logged.",
     )
-    tls_cert_file: str = _setting("", "Server certificate (PEM) for mutual TLS on TCP.")
-    tls_key_file: str = _setting("", "Server private key (PEM) for mutual TLS on TCP.")
+    tls_cert_file: str = _setting(
+        "", "Server certificate (PEM) of the TCP listener; re-read on SIGHUP."
+    )
+    tls_key_file: str = _setting(
+        "", "Server private key (PEM) of the TCP listener; re-read on SIGHUP."
+    )
     tls_client_ca_file: str = _setting(
-        "", "CA (PEM) that client certificates must chain to; set all three for mutual TLS."
+        "",
+        "CA (PEM) that client certificates must chain to: set it for mutual TLS. Empty: "
+        "server TLS only, and api.token_file is required.",
+    )
+    insecure_loopback: bool = _setting(
+        False,
+        "Allow a plaintext TCP listener with a bearer token, on a loopback address only (for "
+        "development; logs a warning). A TCP listener without TLS is refused otherwise.",
     )
     max_batch: int = _setting(1024, "Most requests in one AdmitBatch.", min=1)
 
@@ -130,9 +143,15 @@ class MpsSettings:
     quit_timeout_s: int = _setting(
         5, "The -t of 'quit' when the agent stops a daemon; then SIGTERM, then SIGKILL.", min=0
     )
+    client_group: str = _setting(
+        "gpushare",
+        "Group whose members may reach the pipe and log directories (root and this group, "
+        "mode 0750). If it does not exist: root only (0700), with a warning.",
+    )
     client_gid: int = _setting(
         -1,
-        "Group allowed to reach the pipe directories (mode 0750). -1: anyone may (0755).",
+        "Numeric group for the pipe and log directories, instead of mps.client_group. "
+        "-1: use mps.client_group.",
         min=-1,
     )
     multi_user: bool = _setting(

@@ -258,6 +258,7 @@ class MpsDaemonState:
     pipe_dir: str = ""
     servers: tuple[MpsServerState, ...] = ()
     defaults_drift_total: int = 0
+    pipe_permission_violations_total: int = 0  # mode or owner changes found at probes
 
 
 @dataclass(frozen=True, slots=True)

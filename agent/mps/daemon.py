@@ -1,7 +1,8 @@
 """One control daemon process on disk and in the process table.
 
-Start: prepare the directories, clear what a *dead* daemon left behind, and run the binary
-in the foreground (``-f``) in its own session with its log going to ``control.log`` (a
+Start: clear what a *dead* daemon left behind (the directories are prepared by
+:mod:`agent.mps.pipes`), and run the binary in the foreground (``-f``, umask 077) in its own
+session with its log going to ``control.log`` (a
 file, not a pipe, so the daemon outlives an agent crash and is adopted by the next agent).
 A daemon found alive holds the POSIX lock on ``control_lock``; its files are never touched.
 Stop: ``quit -t``, wait, SIGTERM, SIGKILL, then remove the directories. Every step is logged
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from agent.core.errors import MpsError
 from agent.mps.limits import DaemonPaths
+from agent.mps.pipes import DAEMON_UMASK
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +35,6 @@ STALE_NAMES = (
     "log",
     "nvidia-cuda-mps-control.pid",
 )
-
-
-def prepare_dirs(paths: DaemonPaths, *, client_gid: int) -> None:
-    """Create ``<root>/<uuid>/{pipe,log}``. Clients must traverse every parent (0755), and
-    only root may write; with a client group, only that group may reach the pipe."""
-    for directory in (paths.root, paths.base, paths.pipe_dir, paths.log_dir):
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        os.chmod(directory, 0o755)
-    if client_gid >= 0:
-        os.chown(paths.pipe_dir, 0, client_gid)
-        os.chmod(paths.pipe_dir, 0o750)
 
 
 def lock_holder(pipe_dir: str) -> int | None:
@@ -119,6 +110,7 @@ class DaemonProcess:
                     stderr=asyncio.subprocess.STDOUT,
                     env={**os.environ, **env},
                     start_new_session=True,
+                    umask=DAEMON_UMASK,
                 )
             except OSError as exc:
                 raise MpsError(f"cannot start {binary}: {exc.strerror}") from exc

@@ -25,6 +25,7 @@ from agent.mps.control import MpsControlClient
 from agent.mps.limits import DAEMON_DEVICE_ORDINAL, DaemonPaths, daemon_environment
 from agent.mps.logfollow import LogFollower
 from agent.mps.logs import classify, parse_line
+from agent.mps.pipes import PipePermissionError, PipeWatch, resolve_access
 from agent.mps.port import ControlChannel, EventSink
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class SupervisorOptions:
     backoff_max_s: float = 30.0
     quit_timeout_s: int = 5
     client_gid: int = -1
+    client_group: str = ""
     multi_user: bool = False
 
 
@@ -86,6 +88,7 @@ class DaemonSupervisor:
         self._servers: tuple[MpsServerState, ...] = ()
         self.restarts = 0
         self.drift_total = 0
+        self.pipes: PipeWatch | None = None
         self.detail = "not started"
 
     # -- events ----------------------------------------------------------------------------
@@ -106,8 +109,9 @@ class DaemonSupervisor:
 
     async def start(self) -> None:
         """Bring the daemon up with its defaults; raise :class:`MpsError` if it cannot be."""
+        pipes = self._pipe_watch()
         try:
-            proc.prepare_dirs(self.paths, client_gid=self.options.client_gid)
+            pipes.prepare()
         except OSError as exc:
             raise MpsError(f"cannot prepare {self.paths.base}: {exc}") from exc
         self._skip_old_log_lines()
@@ -129,8 +133,9 @@ class DaemonSupervisor:
             )
         try:
             await self._wait_answering()
+            pipes.check_start()
             await self._apply_defaults()
-        except MpsError:
+        except (MpsError, PipePermissionError):
             await self._process.kill()
             raise
         self._up_since = time.monotonic()
@@ -140,6 +145,26 @@ class DaemonSupervisor:
             f"control daemon {self._process.pid} up",
             pid=str(self._process.pid),
         )
+
+    def _pipe_watch(self) -> PipeWatch:
+        if self.pipes is None:
+            access = resolve_access(self.options.client_gid, self.options.client_group)
+            self.pipes = PipeWatch(self.paths, access)
+        return self.pipes
+
+    def check_pipes(self) -> None:
+        """Compare the pipe and log directories and files with what they must be; every
+        change is a SECURITY event and counts as a violation."""
+        if self.pipes is None:
+            return
+        try:
+            problems = self.pipes.check()
+        except OSError as exc:
+            problems = [f"cannot check {self.paths.pipe_dir}: {exc}"]
+            self.pipes.violations_total += 1
+        for problem in problems:
+            log.warning("SECURITY MPS pipe permissions on %s: %s", self.device.uuid, problem)
+            self.emit("mps.pipe_permissions", problem)
 
     def _skip_old_log_lines(self) -> None:
         for follower in self._logs:
@@ -212,7 +237,8 @@ class DaemonSupervisor:
                 await exited
 
     async def probe(self) -> bool:
-        """One health check: liveness, defaults drift, servers and clients."""
+        """One health check: pipe permissions, liveness, defaults drift, servers, clients."""
+        self.check_pipes()
         try:
             await self._check_defaults()
             self._servers = await self._list_servers()
@@ -323,4 +349,5 @@ class DaemonSupervisor:
             pipe_dir=self.paths.pipe_dir,
             servers=self._servers,
             defaults_drift_total=self.drift_total,
+            pipe_permission_violations_total=self.pipes.violations_total if self.pipes else 0,
         )

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from agent.api.auth import TlsFiles, read_token
 from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.grpc_server import AgentService, GrpcServer
 from agent.api.http import HttpServer, build_http_app
@@ -26,7 +25,7 @@ from agent.core.errors import GpushareError
 from agent.core.types import AdmissionStats, Device, DeviceLedger, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks
+from agent.runtime import checks, listeners
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
@@ -109,21 +108,7 @@ class App:
             )
         ]
         if api.tcp_listen:
-            tls = (
-                TlsFiles(api.tls_cert_file, api.tls_key_file, api.tls_client_ca_file)
-                if api.tls_cert_file
-                else None
-            )
-            token = read_token(api.token_file) if api.token_file else None
-            servers.append(
-                GrpcServer(
-                    service(admin=False),
-                    address=api.tcp_listen,
-                    key="api.tcp_listen",
-                    token=token,
-                    tls=tls,
-                )
-            )
+            servers.append(listeners.tcp_server(api, service(admin=False)))
         return servers
 
     @property
@@ -388,11 +373,16 @@ class App:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
+        loop.add_signal_handler(signal.SIGHUP, self._on_reload)
 
     def _remove_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
+
+    def _on_reload(self) -> None:
+        log.info("received SIGHUP: reloading the token and certificates")
+        listeners.reload_secrets(self.servers)
 
     def _on_signal(self, signum: int) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)

@@ -4,6 +4,7 @@ setting (exit code 2) or say what is missing."""
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import shutil
 import stat
@@ -14,6 +15,8 @@ from agent.config import Settings
 from agent.core.errors import ConfigError, GpushareError
 from agent.core.units import parse_bytes
 from agent.sim.node import SimNodeSpec, parse_sim_node
+
+log = logging.getLogger(__name__)
 
 MAX_UNIX_SOCKET_PATH = 107
 REAL_CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -42,31 +45,66 @@ def check_settings(settings: Settings) -> None:
 
 
 def check_tcp_listen(settings: Settings) -> None:
-    """A TCP listener off loopback must be authenticated (a token, or mutual TLS)."""
+    """Every TCP listener authenticates, loopback included: mutual TLS, or a token over
+    server TLS; a plaintext token only on loopback behind ``api.insecure_loopback``."""
     api = settings.api
     if not api.tcp_listen:
         return
     host, _port = split_listen("api.tcp_listen", api.tcp_listen)
-    tls = [api.tls_cert_file, api.tls_key_file, api.tls_client_ca_file]
-    if any(tls) and not all(tls):
-        raise ConfigError("api.tls_cert_file", "mutual TLS needs the cert, key and client CA")
+    if bool(api.tls_cert_file) != bool(api.tls_key_file):
+        raise ConfigError("api.tls_cert_file", "TLS needs both api.tls_cert_file and tls_key_file")
+    if api.tls_client_ca_file and not api.tls_cert_file:
+        raise ConfigError(
+            "api.tls_client_ca_file", "mutual TLS also needs api.tls_cert_file and tls_key_file"
+        )
     for key, path in (
         ("api.token_file", api.token_file),
-        ("api.tls_cert_file", tls[0]),
-        ("api.tls_key_file", tls[1]),
-        ("api.tls_client_ca_file", tls[2]),
+        ("api.tls_cert_file", api.tls_cert_file),
+        ("api.tls_key_file", api.tls_key_file),
+        ("api.tls_client_ca_file", api.tls_client_ca_file),
     ):
         if path and not os.access(path, os.R_OK):
             raise ConfigError(key, f"cannot read {path}")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not api.token_file and not all(tls):
+    if api.tls_client_ca_file or (api.tls_cert_file and api.token_file):
+        return
+    if api.tls_cert_file:
+        raise ConfigError(
+            "api.token_file",
+            "server TLS without a client CA authenticates nobody: set api.token_file, or "
+            "api.tls_client_ca_file for mutual TLS",
+        )
+    _check_plaintext(
+        api.tcp_listen, host, token=bool(api.token_file), allowed=api.insecure_loopback
+    )
+
+
+def _check_plaintext(listen: str, host: str, *, token: bool, allowed: bool) -> None:
+    if not token:
         raise ConfigError(
             "api.tcp_listen",
-            "a TCP listener off loopback needs api.token_file or mutual TLS (api.tls_*)",
+            f"a TCP listener ({listen}) must authenticate, loopback included: set "
+            "api.tls_cert_file, tls_key_file and tls_client_ca_file (mutual TLS), or "
+            "api.tls_cert_file, tls_key_file and api.token_file",
         )
+    if not is_loopback(host):
+        raise ConfigError(
+            "api.tcp_listen",
+            f"{listen} is not a loopback address: a bearer token needs server TLS "
+            "(api.tls_cert_file and tls_key_file)",
+        )
+    if not allowed:
+        raise ConfigError(
+            "api.insecure_loopback",
+            f"a bearer token over plaintext on {listen} needs api.insecure_loopback: true "
+            "(development only), or server TLS (api.tls_cert_file and tls_key_file)",
+        )
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def setting_bytes(key: str, text: str) -> int:
@@ -135,3 +173,24 @@ def prepare_runtime_dir(path: str) -> None:
             "paths.runtime_dir",
             f"{path} must be owned by uid {os.geteuid()} and writable by it alone",
         )
+
+
+def prepare_state_dir(path: str) -> None:
+    """Create the state directory 0700; tighten an existing one of ours (and its store
+    files) that group or others could reach; refuse one owned by someone else."""
+    directory = Path(path)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = directory.lstat()
+    except OSError as exc:
+        raise ConfigError("paths.state_dir", f"cannot create {path}: {exc.strerror}") from exc
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise ConfigError(
+            "paths.state_dir", f"{path} must be a directory owned by uid {os.geteuid()}"
+        )
+    for item in (directory, *directory.glob("gpushare.db*")):
+        mode = stat.S_IMODE(item.lstat().st_mode)
+        wanted = 0o700 if item == directory else 0o600
+        if mode & 0o077 and not item.is_symlink():
+            log.warning("tightening %s from %04o to %04o", item, mode, wanted)
+            item.chmod(wanted)

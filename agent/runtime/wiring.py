@@ -123,6 +123,7 @@ def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> 
         backoff_max_s=m.restart_backoff_max_s,
         quit_timeout_s=m.quit_timeout_s,
         client_gid=m.client_gid,
+        client_group=m.client_group,
         multi_user=m.multi_user,
     )
     defaults = DaemonDefaults(m.default_thread_pct, checks.memory_limit_bytes(settings))

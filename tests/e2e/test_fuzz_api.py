@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
+from tests.certs import make_token
 from tests.helpers import short_dir, spawn_agent
 
-TOKEN = "fuzz-token-0123456789abcdef"
+TOKEN = "f0221e55c0ffee0123456789abcdef0123456789abcdef"
 ALLOWED = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -34,9 +35,15 @@ EXAMPLES = settings(
 @pytest.fixture(scope="module")
 def agent() -> Iterator[tuple[pb_grpc.AgentStub, pb_grpc.AgentStub, subprocess.Popen[bytes]]]:
     with short_dir() as root:
-        (root / "token").write_text(TOKEN)
+        make_token(root / "token", TOKEN)
         process = spawn_agent(
-            root, "--tcp-listen", "127.0.0.1:0", "--set", f"api.token_file={root / 'token'}"
+            root,
+            "--tcp-listen",
+            "127.0.0.1:0",
+            "--set",
+            f"api.token_file={root / 'token'}",
+            "--set",
+            "api.insecure_loopback=true",
         )
         unix = grpc.insecure_channel(f"unix:{root / 'agent.sock'}")
         stub = pb_grpc.AgentStub(unix)

@@ -1,4 +1,5 @@
-"""Admission over the real gRPC listeners (Unix socket and TCP with a token), real SQLite."""
+"""Admission over the real gRPC listeners (Unix socket, and TCP with a token on loopback
+behind api.insecure_loopback), real SQLite."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import App, Ports
+from tests.certs import make_token
 from tests.helpers import running_app, short_dir, sim_settings
 
-TOKEN = "s3cret-token-for-tests-only"
+TOKEN = "5f0c1e9a7b3d4c2e8f6a1b0c9d8e7f6a5b4c3d2e1f0a9b8c"
 
 
 @pytest.fixture
@@ -37,12 +39,13 @@ def ports() -> Ports:
 
 @pytest.fixture
 async def agent(root: Path) -> AsyncIterator[App]:
-    (root / "token").write_text(TOKEN + "\n")
+    make_token(root / "token", TOKEN)
     settings = sim_settings(
         root,
         **{
             "api.tcp_listen": "127.0.0.1:0",
             "api.token_file": str(root / "token"),
+            "api.insecure_loopback": True,
             "admission.reservation_ttl_s": 0.5,
         },
     )

@@ -62,3 +62,25 @@ def test_families_follow_the_live_state() -> None:
     assert drift == {"GPU-a": 1, "GPU-b": 0}
     clients = {s.labels["device"]: s.value for s in families["gpushare_mps_clients"]}
     assert clients == {"GPU-a": 2, "GPU-b": 0}
+
+
+def test_pipe_permission_violations_are_a_counter_per_device() -> None:
+    from agent.core.types import MpsDaemonState
+
+    snapshot = NodeSnapshot(
+        node_name="n1",
+        simulated=True,
+        taken_at=100.0,
+        devices=(Device("GPU-a", 0, "H100", 80), Device("GPU-b", 1, "H100", 80)),
+        mps=(
+            MpsDaemonState("GPU-a", up=True, backend="b", pipe_permission_violations_total=3),
+            MpsDaemonState("GPU-b", up=True, backend="b"),
+        ),
+    )
+    families = scrape(snapshot, TelemetryStats("simulated", 0, 0), now=100.0)
+    violations = {
+        s.labels["device"]: s.value
+        for s in families["gpushare_mps_pipe_permission_violations"]
+        if s.name == "gpushare_mps_pipe_permission_violations_total"
+    }
+    assert violations == {"GPU-a": 3, "GPU-b": 0}

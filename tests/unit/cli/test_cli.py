@@ -97,12 +97,12 @@ def test_bad_sim_node_file_exits_2(runner: CliRunner, tmp_path: Path) -> None:
     assert "devices[0].memory" in result.output
 
 
-def test_tcp_listener_refuses_non_loopback_without_authentication(
-    runner: CliRunner, tmp_path: Path
+@pytest.mark.parametrize("listen", ["0.0.0.0:7000", "127.0.0.1:7000"])
+def test_tcp_listener_refuses_to_start_without_authentication(
+    runner: CliRunner, tmp_path: Path, listen: str
 ) -> None:
     result = runner.invoke(
-        cli,
-        ["--socket", str(tmp_path / "s.sock"), "serve", "--sim", "--tcp-listen", "0.0.0.0:7000"],
+        cli, ["--socket", str(tmp_path / "s.sock"), "serve", "--sim", "--tcp-listen", listen]
     )
     assert result.exit_code == exits.CONFIG
     assert "api.tcp_listen" in result.output

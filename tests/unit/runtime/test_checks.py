@@ -59,8 +59,10 @@ def test_bad_settings_are_named(key: str, value: str) -> None:
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:0", "[::1]:9000", "localhost:7000"])
-def test_loopback_tcp_is_accepted(listen: str) -> None:
-    checks.check_settings(settings(**{"api.tcp_listen": listen}))
+def test_loopback_tcp_without_authentication_is_refused(listen: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        checks.check_settings(settings(**{"api.tcp_listen": listen}))
+    assert info.value.key == "api.tcp_listen"
 
 
 def test_runtime_dir_that_others_can_write_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,35 @@
+"""The scheduler's TCP listener from settings, and the SIGHUP reload of its secrets."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from agent.api.auth import ReloadableTls, TlsFiles, TokenHolder
+from agent.api.grpc_server import AgentService, GrpcServer
+from agent.config.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+
+def tcp_server(api: ApiSettings, service: AgentService) -> GrpcServer:
+    """The TCP listener with its token and certificates, read now (ConfigError if bad).
+
+    ``checks.check_tcp_listen`` has already refused a combination that authenticates nobody.
+    """
+    tls = None
+    if api.tls_cert_file:
+        tls = ReloadableTls(TlsFiles(api.tls_cert_file, api.tls_key_file, api.tls_client_ca_file))
+    token = TokenHolder(api.token_file) if api.token_file else None
+    return GrpcServer(service, address=api.tcp_listen, key="api.tcp_listen", token=token, tls=tls)
+
+
+def reload_secrets(servers: Sequence[GrpcServer]) -> list[str]:
+    """Re-read every listener's token and certificates (on SIGHUP). Live calls and streams
+    go on; new calls and handshakes use the new material. What fails keeps the old one."""
+    problems = [problem for server in servers for problem in server.reload()]
+    for problem in problems:
+        log.error("reload: kept the previous secret: %s", problem)
+    if not problems:
+        log.info("reload: token and certificates re-read")
+    return problems
