@@ -158,17 +158,22 @@ def resolve_control_binary(settings: Settings, *, allow_fake: bool = False) -> s
     )
 
 
+def _own_dir(key: str, path: str, mode: int) -> os.stat_result:
+    """Create ``path`` with ``mode`` if missing; its lstat, or a ConfigError naming ``key``."""
+    try:
+        Path(path).mkdir(mode=mode, parents=True, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(key, f"cannot create {path}: {exc.strerror}") from exc
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise ConfigError(key, f"{path} must be a directory owned by uid {os.geteuid()}")
+    return info
+
+
 def prepare_runtime_dir(path: str) -> None:
     """Create the runtime directory (0755) and refuse one that others could tamper with."""
-    directory = Path(path)
-    try:
-        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-        info = directory.lstat()
-    except OSError as exc:
-        raise ConfigError("paths.runtime_dir", f"cannot create {path}: {exc.strerror}") from exc
-    if not stat.S_ISDIR(info.st_mode):
-        raise ConfigError("paths.runtime_dir", f"{path} is not a directory")
-    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    info = _own_dir("paths.runtime_dir", path, 0o755)
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ConfigError(
             "paths.runtime_dir",
             f"{path} must be owned by uid {os.geteuid()} and writable by it alone",
@@ -178,16 +183,8 @@ def prepare_runtime_dir(path: str) -> None:
 def prepare_state_dir(path: str) -> None:
     """Create the state directory 0700; tighten an existing one of ours (and its store
     files) that group or others could reach; refuse one owned by someone else."""
+    _own_dir("paths.state_dir", path, 0o700)
     directory = Path(path)
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = directory.lstat()
-    except OSError as exc:
-        raise ConfigError("paths.state_dir", f"cannot create {path}: {exc.strerror}") from exc
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        raise ConfigError(
-            "paths.state_dir", f"{path} must be a directory owned by uid {os.geteuid()}"
-        )
     for item in (directory, *directory.glob("gpushare.db*")):
         mode = stat.S_IMODE(item.lstat().st_mode)
         wanted = 0o700 if item == directory else 0o600
