@@ -152,14 +152,14 @@ def rss_mib(pid: int) -> float:
     return float(psutil.Process(pid).memory_info().rss) / 2**20
 
 
-async def live_watchers(target: str, seconds: float, count: int) -> dict[str, Any]:
+async def live_watchers(target: str, seconds: float, count: int, rpc: str) -> dict[str, Any]:
     """Admit p50 at one caller with no watchers, then with `count` live followers."""
     result: dict[str, Any] = {}
     for n in (0, count):
         watchers = None
         if n:
             since = await last_seq(target)
-            watchers = WatcherProcess(target, n, since, deadline_s=seconds + 120)
+            watchers = WatcherProcess(target, n, since, deadline_s=seconds + 120, rpc=rpc)
             await watchers.start()
             await watchers.wait_for("started")
             await watchers.wait_for("ready")
@@ -204,11 +204,11 @@ async def fill(target: str, events: int) -> dict[str, Any]:
     return {"fill_s": time.monotonic() - started, "fill_last_seq": await last_seq(target)}
 
 
-async def catchup(target: str, pid: int, count: int, timeout_s: float) -> dict[str, Any]:
+async def catchup(target: str, pid: int, count: int, timeout_s: float, rpc: str) -> dict[str, Any]:
     """`count` watchers from since_seq=0 read to the last event, while one caller admits."""
     result: dict[str, Any] = {"agent_rss_mib_before_catchup": rss_mib(pid)}
     until = await last_seq(target)
-    watchers = WatcherProcess(target, count, 0, deadline_s=timeout_s)
+    watchers = WatcherProcess(target, count, 0, deadline_s=timeout_s, rpc=rpc)
     await watchers.start(until=until)
     await watchers.wait_for("started")
     peak = result["agent_rss_mib_before_catchup"]
@@ -252,9 +252,12 @@ async def run_all(target: str, pid: int, args: argparse.Namespace) -> dict[str, 
     result: dict[str, Any] = await measure(target, args.seconds, pid)
     if args.no_watchers:
         return result
-    result.update(await live_watchers(target, args.seconds, args.watchers))
+    result["watch_rpc"] = args.watch_rpc
+    result.update(await live_watchers(target, args.seconds, args.watchers, args.watch_rpc))
     result.update(await fill(target, args.events))
-    result.update(await catchup(target, pid, args.catchup_watchers, args.catchup_timeout_s))
+    result.update(
+        await catchup(target, pid, args.catchup_watchers, args.catchup_timeout_s, args.watch_rpc)
+    )
     return result
 
 
@@ -281,6 +284,12 @@ def main() -> None:
     parser.add_argument("--watchers", type=int, default=500, help="live followers")
     parser.add_argument("--events", type=int, default=100_000, help="stored before catch-up")
     parser.add_argument("--catchup-watchers", type=int, default=50)
+    parser.add_argument(
+        "--watch-rpc",
+        choices=("batches", "events"),
+        default="batches",
+        help="WatchEventBatches (a message per window) or WatchEvents (one per event)",
+    )
     parser.add_argument("--catchup-timeout-s", type=float, default=300.0)
     args = parser.parse_args()
     started = time.monotonic()

@@ -9,7 +9,9 @@ load, faults and hostile input, in one run.
   device refuses leases meanwhile); the telemetry endpoint gone and back; the state
   directory made read-only and writable again (admissions must fail closed, then recover);
 - bad input: malformed and hostile requests across every RPC, with good, bad and no tokens:
-  crashes and INTERNAL / UNKNOWN answers must be 0.
+  crashes and INTERNAL / UNKNOWN answers must be 0;
+- security (bench/security.py): calls without credentials, plaintext tokens, another
+  caller's releases, forged process identities and world-writable files: each count 0.
 
     python bench/reliability.py            # the full run (about 5 minutes)
     python bench/reliability.py --small    # the CI size (about 1 minute)
@@ -48,6 +50,7 @@ from harness import (
     send_hostile,
     watch_invariant,
 )
+from security import SECURITY_COUNTS, security
 
 from agent.client import AgentClient
 from agent.sim.node import SimNodeSpec
@@ -304,6 +307,7 @@ async def main_async(size: dict[str, int]) -> dict[str, Any]:
         ("telemetry", telemetry_gone),
         ("unwritable", unwritable_store),
         ("bad_input", lambda r: bad_input(r, size)),
+        ("security", security),
     )
     for name, step in steps:
         with tempfile.TemporaryDirectory(prefix="gs-rel-", dir="/tmp") as tmp:
@@ -325,6 +329,7 @@ def main() -> None:
         and result["load"]["invariant_violations"] == 0
         and result["restarts"]["lost"] == result["restarts"]["duplicated"] == 0
         and result["bad_input"]["internal_or_unknown"] == result["bad_input"]["crashes"] == 0
+        and all(result["security"][key] == 0 for key in SECURITY_COUNTS)
     )
     for name, values in result.items():
         print(f"{name:<10} " + ", ".join(f"{k}={v}" for k, v in values.items()))

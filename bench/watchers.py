@@ -2,10 +2,12 @@
 them does not share an event loop (or the GIL) with the caller being timed.
 
     python bench/watchers.py TARGET --count N --since SEQ [--until SEQ] --deadline-s S
+                             [--rpc batches|events]
 
-Opens COUNT WatchEvents streams (since_seq=SEQ) with the bench token, PER_CONNECTION to a
-TCP connection of their own, and prints "started" before the first one is opened and
-"ready" once every stream has its initial metadata. Each stream reads every event and
+Opens COUNT WatchEventBatches (or, with --rpc events, WatchEvents) streams (since_seq=SEQ)
+with the bench token, PER_CONNECTION to a TCP connection of their own, and prints
+"started" before the first one is opened and "ready" once every stream has its initial
+metadata. Each stream reads every event and
 checks that the numbers follow one another. A stream stops at the event UNTIL, given on the
 command line or, if not, as one line on stdin (written when the load is over), or at the
 deadline. A stream ended with RESOURCE_EXHAUSTED (fell too far behind) resumes after the
@@ -59,6 +61,7 @@ class Run:
     until_at: float | None = None
     settled: int = 0  # streams that got their initial metadata, or failed before it
     count: int = 0
+    batches: bool = False  # WatchEventBatches instead of WatchEvents
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def settle(self) -> None:
@@ -88,9 +91,9 @@ async def follow_streams(stub: pb_grpc.AgentStub, watcher: Watcher, run: Run) ->
         if remaining <= 0:
             watcher.errors.append("deadline")
             return
-        call = stub.WatchEvents(
-            pb.WatchEventsRequest(since_seq=watcher.last), metadata=METADATA, timeout=remaining
-        )
+        request = pb.WatchEventsRequest(since_seq=watcher.last)
+        rpc = stub.WatchEventBatches if run.batches else stub.WatchEvents
+        call = rpc(request, metadata=METADATA, timeout=remaining)
         try:
             metadata = dict(await call.initial_metadata() or ())
             start = int(metadata.get("gpushare-first-seq", watcher.last + 1))
@@ -98,11 +101,12 @@ async def follow_streams(stub: pb_grpc.AgentStub, watcher: Watcher, run: Run) ->
                 watcher.first_seq = start
                 watcher.last = max(watcher.last, start - 1)
                 run.settle()
-            async for event in call:
-                if event.seq != watcher.last + 1:
-                    watcher.gaps += 1
-                watcher.last = event.seq
-                watcher.events += 1
+            async for message in call:
+                for event in message.events if run.batches else (message,):
+                    if event.seq != watcher.last + 1:
+                        watcher.gaps += 1
+                    watcher.last = event.seq
+                    watcher.events += 1
                 if run.reached(watcher):
                     return
         except grpc.aio.AioRpcError as exc:
@@ -132,7 +136,12 @@ async def read_until(run: Run, watchers: list[Watcher], tasks: list[asyncio.Task
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     count = min(args.count, MAX_WATCHERS)
-    run = Run(until=args.until, deadline=time.monotonic() + args.deadline_s, count=count)
+    run = Run(
+        until=args.until,
+        deadline=time.monotonic() + args.deadline_s,
+        count=count,
+        batches=args.rpc == "batches",
+    )
     watchers = [Watcher(last=args.since) for _ in range(count)]
     options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own
     channels = [
@@ -179,8 +188,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 class WatcherProcess:
     """bench/watchers.py as a child process of the benchmark."""
 
-    def __init__(self, target: str, count: int, since: int, deadline_s: float) -> None:
-        self.args = (target, "--count", str(count), "--since", str(since))
+    def __init__(
+        self, target: str, count: int, since: int, deadline_s: float, rpc: str = "batches"
+    ) -> None:
+        self.args = (target, "--count", str(count), "--since", str(since), "--rpc", rpc)
         self.deadline_s = deadline_s
         self.process: asyncio.subprocess.Process | None = None
 
@@ -231,6 +242,7 @@ def main() -> None:
     parser.add_argument("--since", type=int, required=True)
     parser.add_argument("--until", type=int, default=None)
     parser.add_argument("--deadline-s", type=float, default=120.0)
+    parser.add_argument("--rpc", choices=("events", "batches"), default="batches")
     print(json.dumps(asyncio.run(main_async(parser.parse_args()))), flush=True)
 
 

@@ -86,3 +86,9 @@ def make_pki(root: Path, *, name: str = "gpushare test") -> Pki:
     )
     _leaf(root, "client", "/CN=gpu-scheduler", "extendedKeyUsage=clientAuth\n")
     return Pki(root)
+
+
+def make_client(pki: Pki, name: str, common_name: str) -> tuple[Path, Path]:
+    """Another client certificate of the same CA: (certificate, key)."""
+    _leaf(pki.root, name, f"/CN={common_name}", "extendedKeyUsage=clientAuth\n")
+    return pki.root / f"{name}.crt", pki.root / f"{name}.key"

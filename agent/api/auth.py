@@ -9,7 +9,6 @@ handler runs. Certificates are served through gRPC's dynamic credentials, so a r
 
 from __future__ import annotations
 
-import hmac
 import logging
 import ssl
 import threading
@@ -109,7 +108,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     ) -> grpc.RpcMethodHandler[Any, Any]:
         metadata = dict(handler_call_details.invocation_metadata or ())
         sent = str(metadata.get("authorization", "")).encode()
-        if hmac.compare_digest(sent, self._token.expected):
+        if self._token.match(sent) is not None:
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
         return _denied_like(handler, "missing or wrong bearer token")

@@ -126,6 +126,13 @@ class AgentCollector(Collector):
         for kind, count in sorted(snapshot.control_actions.items()):
             actions.add_metric([kind], count)
         yield actions
+        mismatches = CounterMetricFamily(
+            "gpushare_lease_identity_mismatches",
+            "Processes whose GPUSHARE_LEASE_ID named a lease their cgroup contradicts, once per "
+            "process (each a lease.identity_mismatch event; a security signal).",
+        )
+        mismatches.add_metric([], snapshot.lease_identity_mismatches_total)
+        yield mismatches
         degraded = GaugeMetricFamily(
             "gpushare_device_degraded",
             "1 while the w-window rule holds the device degraded (closed to new leases).",

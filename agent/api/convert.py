@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agent import __version__
+from agent.admission.isolation import Isolation, isolation_of
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease
 from agent.core.types import (
@@ -29,6 +30,15 @@ def device_to_pb(device: Device) -> pb.Device:
         compute_capability=f"{major}.{minor}",
         parent_uuid=device.parent_uuid or "",
         mig_profile=device.mig_profile or "",
+        isolation=isolation_to_pb(isolation_of(device)),
+    )
+
+
+def isolation_to_pb(isolation: Isolation) -> pb.Isolation:
+    return pb.Isolation(
+        memory=isolation.memory.value,
+        faults=isolation.faults.value,
+        compute=isolation.compute.value,
     )
 
 
@@ -123,6 +133,8 @@ def lease_to_pb(lease: Lease, device_index: int = 0) -> pb.Lease:
         reason=lease.reason,
         profile=lease.profile or "",
         retention_floor=lease.retention_floor or 0.0,
+        owner=lease.owner,
+        workload=lease.workload,
     )
 
 
@@ -149,14 +161,18 @@ def decision_to_pb(decision: Decision) -> pb.Decision:
     )
 
 
-def result_to_pb(result: AdmitResult, device_index: int = 0) -> pb.AdmitResponse:
+def result_to_pb(result: AdmitResult, device: Device | None = None) -> pb.AdmitResponse:
+    """``device``: the lease's device, for its index and, on an admitted answer, what its
+    sharing mode isolates (left unset without it)."""
     response = pb.AdmitResponse(
         decision=decision_to_pb(result.decision),
         env=dict(result.env),
         mounts=[pb.Mount(host_path=h, container_path=c) for h, c in result.mounts],
     )
     if result.lease is not None:
-        response.lease.CopyFrom(lease_to_pb(result.lease, device_index))
+        response.lease.CopyFrom(lease_to_pb(result.lease, device.index if device else 0))
+        if device is not None:
+            response.isolation.CopyFrom(isolation_to_pb(isolation_of(device)))
     return response
 
 

@@ -7,13 +7,22 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from agent.core.lease import Lease
-from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, Event, NodeSnapshot
+from agent.core.types import (
+    AdmissionRequest,
+    AdmitResult,
+    BatchResult,
+    Device,
+    Event,
+    NodeSnapshot,
+)
 
 
 class NodeApi(Protocol):
     def snapshot(self) -> NodeSnapshot: ...
 
     def device_index(self, device_uuid: str) -> int: ...
+
+    def device(self, device_uuid: str) -> Device | None: ...
 
     async def admit(
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
@@ -23,11 +32,15 @@ class NodeApi(Protocol):
 
     async def explain(self, request: AdmissionRequest) -> AdmitResult: ...
 
-    async def commit(self, gang_id: str) -> list[Lease]: ...
+    async def commit(self, gang_id: str, *, owner: str | None = None) -> list[Lease]: ...
 
-    async def abort(self, gang_id: str) -> list[Lease]: ...
+    async def abort(self, gang_id: str, *, owner: str | None = None) -> list[Lease]: ...
 
-    async def release(self, lease_id: str) -> Lease: ...
+    async def release(self, lease_id: str, *, owner: str | None = None) -> Lease: ...
+
+    def owner_of(self, lease_id: str) -> str:
+        """The caller identity that made a live or recently ended lease, else ""."""
+        ...
 
     async def drain(self, device_uuid: str | None, reason: str) -> list[str]: ...
 

@@ -1,4 +1,8 @@
-"""The scheduler's bearer token: read from a file handled like a secret, and reloadable.
+"""The callers' bearer tokens: read from a file handled like a secret, and reloadable.
+
+The file holds one token (its caller is named ``scheduler``), or one ``NAME TOKEN`` pair
+per line (``#`` starts a comment): each name is a caller identity that owns the leases it
+makes (see :mod:`agent.api.identity`); a name given twice has two tokens (rotation).
 
 A token file must belong to the agent's effective user and be closed to group and others
 (0600 or 0400); a known placeholder, or a token with fewer than 128 bits of entropy, is
@@ -9,8 +13,10 @@ never logged; errors name the file, never its content.
 
 from __future__ import annotations
 
+import hmac
 import math
 import os
+import re
 import stat
 import string
 import threading
@@ -98,9 +104,46 @@ def check_token(token: str, path: str) -> None:
         )
 
 
+DEFAULT_NAME = "scheduler"
+_NAME_RE = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+
+
+def read_tokens(path: str) -> list[tuple[str, str]]:
+    """(caller name, token) pairs from ``path``, or a ConfigError naming the file, the line
+    and which rule failed. A name may come twice (an old and a new token while rotating)."""
+    text = _read_text(path)
+    lines = [
+        (number, line.split())
+        for number, raw in enumerate(text.splitlines(), start=1)
+        if (line := raw.split("#", 1)[0].strip())
+    ]
+    if len(lines) == 1 and len(lines[0][1]) == 1:
+        check_token(lines[0][1][0], path)
+        return [(DEFAULT_NAME, lines[0][1][0])]
+    if not lines:
+        raise ConfigError(KEY, f"{path} is empty")
+    tokens: list[tuple[str, str]] = []
+    for number, words in lines:
+        if len(words) != 2 or not _NAME_RE.match(words[0]):
+            raise ConfigError(
+                KEY, f"{path} line {number}: expected NAME TOKEN (NAME of letters, digits, ._@-)"
+            )
+        check_token(words[1], f"{path} line {number}")
+        tokens.append((words[0], words[1]))
+    if len({token for _, token in tokens}) != len(tokens):
+        raise ConfigError(KEY, f"{path}: one token comes twice")
+    return tokens
+
+
 def read_token(path: str) -> str:
-    """The token in ``path`` (surrounding whitespace stripped), or a ConfigError naming the
-    file and which rule failed."""
+    """The one token in ``path`` (surrounding whitespace stripped), or a ConfigError
+    naming the file and which rule failed."""
+    token = _read_text(path).strip()
+    check_token(token, path)
+    return token
+
+
+def _read_text(path: str) -> str:
     check_file(path)
     try:
         with open(path, "rb") as handle:
@@ -110,31 +153,41 @@ def read_token(path: str) -> str:
     if len(raw) > MAX_TOKEN_BYTES:
         raise ConfigError(KEY, f"{path} is larger than {MAX_TOKEN_BYTES} bytes")
     try:
-        token = raw.decode().strip()
+        return raw.decode()
     except UnicodeDecodeError as exc:
         raise ConfigError(KEY, f"{path} is not UTF-8 text") from exc
-    check_token(token, path)
-    return token
 
 
 class TokenHolder:
-    """The current token, swapped whole by :meth:`reload` (a SIGHUP). Calls in flight keep
-    the answer they got; new calls see the new token."""
+    """The current tokens, swapped whole by :meth:`reload` (a SIGHUP). Calls in flight keep
+    the answer they got; new calls see the new tokens."""
 
     def __init__(self, path: str) -> None:
         self.path = str(Path(path))
-        self._expected = b""
+        self._expected: tuple[tuple[bytes, str], ...] = ()
         self._lock = threading.Lock()
         self.reload()
 
     @property
     def expected(self) -> bytes:
-        """``Bearer <token>`` as bytes, the form the interceptor compares."""
+        """The first ``Bearer <token>`` as bytes (the only one of a one-token file)."""
         with self._lock:
-            return self._expected
+            return self._expected[0][0]
+
+    def match(self, sent: bytes) -> str | None:
+        """The caller name whose ``Bearer <token>`` equals ``sent``, else None; every token
+        is compared in constant time, so the time says nothing of which one is close."""
+        with self._lock:
+            expected = self._expected
+        found = None
+        for candidate, name in expected:
+            if hmac.compare_digest(sent, candidate):
+                found = name
+        return found
 
     def reload(self) -> None:
-        """Read the file again; a bad file raises ConfigError and keeps the old token."""
-        expected = f"Bearer {read_token(self.path)}".encode()
+        """Read the file again; a bad file raises ConfigError and keeps the old tokens."""
+        tokens = read_tokens(self.path)
+        expected = tuple((f"Bearer {token}".encode(), name) for name, token in tokens)
         with self._lock:
             self._expected = expected

@@ -117,7 +117,27 @@ def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
         gpu_model=text(message.gpu_model, f"{field}.gpu_model") or None,
         counters=counters(message.counters, f"{field}.counters"),
         job=job(message.job, f"{field}.job"),
+        workload=workload(message.workload, f"{field}.workload"),
     )
+
+
+_WORKLOAD_RE = re.compile(
+    r"^(pod:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    r"|container:[0-9a-f]{12,64}"
+    r"|unit:[A-Za-z0-9:_.\\@-]{1,240}\.(service|scope))$"
+)
+
+
+def workload(value: str, field: str) -> str:
+    """``pod:<pod UID>``, ``container:<container id, hex>``, ``unit:<name>.service`` or
+    ``.scope``; empty for none."""
+    if value and not _WORKLOAD_RE.match(clean(value, field)):
+        raise ValidationError(
+            field,
+            f"must be pod:<pod UID>, container:<hex container id> or unit:<name>.service|.scope "
+            f"(got {shown(value)})",
+        )
+    return value
 
 
 MAX_GPUS = 100_000.0

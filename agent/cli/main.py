@@ -18,7 +18,7 @@ from agent import __version__
 from agent.cli import exits
 from agent.cli.client import AgentUnreachable, get_node
 from agent.cli.common import CONTEXT, DEFAULT_CONFIG, fail, resolve_endpoint, resolve_settings
-from agent.cli.render import message_dict, table, to_json
+from agent.cli.render import isolation_lines, message_dict, table, to_json
 from agent.config import Settings, settings_as_dict
 from agent.config.loading import env_name, setting_fields
 from agent.core.errors import (
@@ -199,7 +199,7 @@ def _run_agent(settings: Settings) -> int:
 )
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, timeout_s: float) -> None:
-    """Show the node's devices, their MPS daemons and latest counters."""
+    """Show the node's devices, their MPS daemons, latest counters and isolation."""
     settings = resolve_settings(ctx)
     try:
         node = get_node(resolve_endpoint(ctx, settings), timeout_s=timeout_s)
@@ -239,7 +239,10 @@ def _status_text(node: Any) -> str:
     )
     columns = ["IDX", "UUID", "MODEL", "MEMORY", "MODE", "MPS", "GPU UTIL", "COUNTERS"]
     body = table(columns, rows)
-    return f"{header}\n{body}"
+    if not node.devices:
+        return f"{header}\n{body}"
+    isolation = "\n".join(isolation_lines(node.devices))
+    return f"{header}\n{body}\n\nisolated between the leases of a device:\n{isolation}"
 
 
 @cli.group(context_settings=CONTEXT)

@@ -76,7 +76,8 @@ class ApiSettings:
     )
     token_file: str = _setting(
         "",
-        "File holding the bearer token TCP callers must send (authorization: Bearer <token>): "
+        "File holding the bearer token TCP callers must send (authorization: Bearer <token>), "
+        "or one 'NAME TOKEN' line per caller (the name owns the leases it makes): "
         "owned by the agent's user, mode 0600 or 0400, at least 128 bits of entropy. Needs "
         "server TLS (api.tls_cert_file/tls_key_file) unless api.insecure_loopback. Read at "
         "start and on SIGHUP; never logged.",
@@ -96,6 +97,12 @@ class ApiSettings:
         False,
         "Allow a plaintext TCP listener with a bearer token, on a loopback address only (for "
         "development; logs a warning). A TCP listener without TLS is refused otherwise.",
+    )
+    observers: str = _setting(
+        "",
+        "Comma-separated caller names (certificate common names or token names) with the "
+        "observer role: they see every caller's lease ids in GetNode and WatchEvents. Others "
+        "see only their own.",
     )
     max_batch: int = _setting(1024, "Most requests in one AdmitBatch.", min=1)
 
@@ -271,7 +278,8 @@ class JanitorSettings:
     memory_policy: str = _setting(
         "report",
         "A lease whose processes use more device memory than its limit: 'report' (a "
-        "violation event and metric) or 'enforce' (its clients are terminated too).",
+        "violation event and metric) or 'enforce' (its clients are terminated too: only "
+        "those its cgroup says are its own, see mps.md).",
         choices=("report", "enforce"),
     )
 

@@ -98,5 +98,9 @@ class ConflictError(GpushareError):
     """The request contradicts what is recorded (an expired reservation, a reused id)."""
 
 
+class PermissionDeniedError(GpushareError):
+    """The caller may not act on what another caller made (a lease, a gang, a request id)."""
+
+
 class AlreadyExistsError(ConflictError):
     """A request id seen before arrives with a different request."""

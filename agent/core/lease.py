@@ -83,6 +83,8 @@ class Lease:
     # Compare-and-set: every change of a lease makes a new version; a change computed from
     # an older version is refused (see agent.runtime.ledger).
     version: int = 1
+    owner: str = ""  # the caller identity that made it; "" for leases made before owners
+    workload: str = ""  # the workload its processes must belong to (see AdmissionRequest)
 
 
 def can_transition(current: LeaseState, target: LeaseState) -> bool:

@@ -134,6 +134,12 @@ class AdmissionRequest:
     gpu_model: str | None = None
     counters: Mapping[str, float] = field(default_factory=dict)  # solo counters, inline
     job: JobAttributes = field(default_factory=JobAttributes)
+    # The workload its processes must belong to ("pod:<uid>", "container:<id>",
+    # "unit:<name>"), or "" for none.
+    workload: str = ""
+    # The caller identity that asks (the mTLS subject or the token's name; "local" on the
+    # Unix socket): set by the API from the connection, never from the request's fields.
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,3 +340,5 @@ class NodeSnapshot:
     admission: AdmissionStats = field(default_factory=AdmissionStats)
     control_actions: Mapping[str, int] = field(default_factory=dict)  # janitor, degradation
     degraded_devices: tuple[str, ...] = ()
+    # processes whose GPUSHARE_LEASE_ID named a lease their cgroup contradicts (security)
+    lease_identity_mismatches_total: int = 0

@@ -1,7 +1,8 @@
 """What is stale on a node's MPS daemons, and what to do about it. Pure: facts in, actions out.
 
-The janitor gathers the facts (MPS client lists, process states, lease markers, faults) and
-applies the actions; this module only decides, so every rule is tested with tables:
+The janitor gathers the facts (MPS client lists, process states, the lease each process
+belongs to, faults) and applies the actions; this module only decides, so every rule is
+tested with tables:
 
 - a client PID still listed by MPS whose process is gone or a zombie: ``terminate_client``,
   once (a PID already terminated is never asked for again);
@@ -11,7 +12,10 @@ applies the actions; this module only decides, so every rule is tested with tabl
 - a device whose server hit a fatal fault (``server.log``) or an Xid: its leases fail, its
   remaining clients are terminated and its servers shut down, so MPS can start afresh;
 - a lease whose processes use more device memory than its limit: a violation, reported
-  once while it lasts, and under policy ``enforce`` its clients are terminated.
+  once while it lasts, and under policy ``enforce`` its clients are terminated: only those
+  its cgroup says are its own (``by_cgroup``). A client attributed by its
+  ``GPUSHARE_LEASE_ID`` hint alone (a lease bound to no workload) is never terminated for
+  a lease's memory, since any process can carry any lease's id.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class ProcessState(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class ProcessFact:
     state: ProcessState
-    lease_id: str | None = None  # from the lease marker in its environment or cgroup
+    lease_id: str | None = None  # the lease it belongs to (agent.core.identity.attribute)
+    by_cgroup: bool = False  # its cgroup matches that lease's workload (else: the hint only)
 
 
 class ActionKind(enum.StrEnum):
@@ -219,20 +224,32 @@ def _memory(facts: Facts, memory: Memory, policy: Policy) -> tuple[list[Action],
         if used is None or used <= lease.memory_bytes:
             continue
         violating.add(lease.lease_id)
-        if lease.lease_id in memory.violating:
-            continue  # acted on already, still over
-        own = {pid for pid, fact in facts.processes.items() if fact.lease_id == lease.lease_id}
-        clients = clients_on(facts.daemons, lease.device_uuid, own.__contains__)
-        enforce = policy.memory == "enforce"
-        actions.append(
-            Action(
-                ActionKind.MEMORY_VIOLATION,
-                f"lease {lease.lease_id} uses {format_bytes(used)} of device memory, over its "
-                f"limit {format_bytes(lease.memory_bytes)}"
-                + (f": terminate its {len(clients)} client(s)" if enforce else ""),
-                device_uuid=lease.device_uuid,
-                lease_ids=(lease.lease_id,),
-                clients=clients if enforce else (),
-            )
-        )
+        if lease.lease_id not in memory.violating:  # else: acted on already, still over
+            actions.append(_violation(lease, used, facts, policy))
     return actions, frozenset(violating)
+
+
+def _violation(lease: Lease, used: int, facts: Facts, policy: Policy) -> Action:
+    own = {pid: f for pid, f in facts.processes.items() if f.lease_id == lease.lease_id}
+    verified = {pid for pid, f in own.items() if f.by_cgroup}
+    clients = clients_on(facts.daemons, lease.device_uuid, verified.__contains__)
+    hinted = clients_on(facts.daemons, lease.device_uuid, lambda p: p in own and p not in verified)
+    said = (
+        f"lease {lease.lease_id} uses {format_bytes(used)} of device memory, over its "
+        f"limit {format_bytes(lease.memory_bytes)}"
+    )
+    enforce = policy.memory == "enforce"
+    if enforce and (clients or not hinted):
+        said += f": terminate its {len(clients)} client(s)"
+    if enforce and hinted:
+        said += (
+            f"; {len(hinted)} client(s) known by their GPUSHARE_LEASE_ID only (a lease bound "
+            "to no workload) are not terminated"
+        )
+    return Action(
+        ActionKind.MEMORY_VIOLATION,
+        said,
+        device_uuid=lease.device_uuid,
+        lease_ids=(lease.lease_id,),
+        clients=clients if enforce else (),
+    )

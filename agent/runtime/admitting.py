@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from agent.admission.attributes import admission_attributes, readiness_order
 from agent.admission.policy import DeviceView, RetentionGate, Rules, decide
-from agent.core.errors import ConflictError, GpushareError, StateError
+from agent.core.errors import ConflictError, GpushareError, PermissionDeniedError, StateError
 from agent.core.lease import Lease, LeaseState, transition
 from agent.core.types import (
     AdmissionRequest,
@@ -109,6 +109,8 @@ class Admissions:
             async with self._lock:
                 if self._seen(key):
                     continue  # a twin got there first: answer as it did
+                if gang_id is not None:
+                    self._check_gang_owner(gang_id, request.owner)
                 now = self._clock()
                 o = self.options
                 decision = decide(request, self._views(), o.rules, now=now, gate=o.gate)
@@ -186,6 +188,11 @@ class Admissions:
             return [AdmitResult(refusal) for _ in taken]
         return [self.result(t.decision, t.lease) for t in taken]
 
+    def _check_gang_owner(self, gang_id: str, owner: str) -> None:
+        """A gang is joined only by the caller that reserved its first member."""
+        if owner and any(x.owner and x.owner != owner for x in self._ledger.gang(gang_id)):
+            raise PermissionDeniedError(f"gang {gang_id!r} was reserved by another caller")
+
     async def known(self, request: AdmissionRequest, gang_id: str | None) -> AdmitResult | None:
         """Idempotency: a request id seen before gets the same live lease back, once it is
         durable; the id of a lease that has ended is refused, not reused; the same id with
@@ -242,6 +249,8 @@ class Admissions:
             ready_deadline_at=now + o.ready_deadline_s,
             expires_at=now + (ttl_s or o.reservation_ttl_s) if reserved else None,
             gang_id=gang_id,
+            owner=request.owner,
+            workload=request.workload,
             counters=dict(request.counters),
             attributes=admission_attributes(
                 request,

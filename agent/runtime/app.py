@@ -18,8 +18,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from agent.api.collector import AgentCollector, TelemetryStats
-from agent.api.grpc_server import AgentService, GrpcServer
+from agent.api.grpc_server import AgentService
 from agent.api.http import HttpServer, build_http_app
+from agent.api.identity import Identify, local
+from agent.api.server import GrpcServer
 from agent.config import Settings, settings_as_dict
 from agent.core.errors import GpushareError
 from agent.core.types import AdmissionStats, Device, DeviceLedger, NodeSnapshot
@@ -97,8 +99,10 @@ class App:
         )
         api = settings.api
 
-        def service(*, admin: bool) -> AgentService:
-            return AgentService(facade, self.events, admin=admin, max_batch=api.max_batch)
+        def service(identify: Identify = local, *, admin: bool = False) -> AgentService:
+            return AgentService(
+                facade, self.events, admin=admin, max_batch=api.max_batch, identify=identify
+            )
 
         servers = [
             GrpcServer(
@@ -108,7 +112,7 @@ class App:
             )
         ]
         if api.tcp_listen:
-            servers.append(listeners.tcp_server(api, service(admin=False)))
+            servers.append(listeners.tcp_server(api, service))
         return servers
 
     @property
@@ -331,6 +335,9 @@ class App:
             else 0.0,
             control_actions=dict(self.control.actions) if self.control else {},
             degraded_devices=tuple(self.control.degradation.degraded()) if self.control else (),
+            lease_identity_mismatches_total=(
+                self.control.janitor.attributor.mismatches_total if self.control else 0
+            ),
         )
 
     def _estimates(self) -> dict[str, float]:

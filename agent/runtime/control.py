@@ -13,6 +13,7 @@ from agent.config import Settings
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.mps.stale import Policy
+from agent.runtime.attribution import ProcessAttributor
 from agent.runtime.degrade import DegradationMonitor
 from agent.runtime.events import EventLog
 from agent.runtime.gate import ProfileGate
@@ -48,6 +49,7 @@ def build_control(
 ) -> ControlLoops:
     actions: Counter[str] = Counter()
     r, j, d = settings.readiness, settings.janitor, settings.degradation
+    attributor = ProcessAttributor(events)  # one cache, each mismatch reported once
     readiness = ReadinessWatcher(
         node,
         gpu=ports.gpu,
@@ -56,6 +58,7 @@ def build_control(
         clock=clock,
         policy=r.policy,
         interval_s=r.interval_s,
+        attributor=attributor,
     )
     janitor = Janitor(
         node,
@@ -66,6 +69,7 @@ def build_control(
         policy=Policy(j.unknown_clients, j.exit_grace_s, j.memory_policy),
         interval_s=j.interval_s,
         actions=actions,
+        attributor=attributor,
     )
     degradation = DegradationMonitor(
         node,

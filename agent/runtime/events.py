@@ -45,6 +45,7 @@ class EventLog:
         self._store: StateStore | None = None
         self.epoch = 0
         self.dropped_total = 0
+        self.owner_of: Callable[[str], str] | None = None  # set once the ledger exists
 
     async def resume(self, store: StateStore) -> None:
         """Continue after what the store holds (at start, before any new event)."""
@@ -67,8 +68,13 @@ class EventLog:
         lease_id: str | None = None,
         attrs: Mapping[str, str] | None = None,
     ) -> Event:
-        """An event not yet numbered: the caller writes it with the fact it tells of."""
-        return Event(0, self._clock(), kind, message, device_uuid, lease_id, attrs or {})
+        """An event not yet numbered: the caller writes it with the fact it tells of. An
+        event about a lease records who made it (``owner``), so a watcher is shown only its
+        own leases' ids (see agent.api.redact)."""
+        attrs = attrs or {}
+        if lease_id and "owner" not in attrs and self.owner_of is not None:
+            attrs = {**attrs, "owner": self.owner_of(lease_id)}
+        return Event(0, self._clock(), kind, message, device_uuid, lease_id, attrs)
 
     def __call__(
         self,
@@ -94,11 +100,12 @@ class EventLog:
             self._ring.append(event)
             self._last_seq = event.seq
             audit.info(
-                "event %d %s device=%s lease=%s %s",
+                "event %d %s device=%s lease=%s owner=%s %s",
                 event.seq,
                 event.kind,
                 event.device_uuid or "-",
                 event.lease_id or "-",
+                event.attrs.get("owner") or "-",
                 event.message,
             )
         if len(self._ring) > 2 * self._capacity:

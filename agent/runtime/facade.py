@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease
-from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, NodeSnapshot
+from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, Device, NodeSnapshot
 from agent.runtime.janitor import Janitor
 from agent.runtime.node import NodeService
 
@@ -35,6 +35,9 @@ class NodeFacade:
         device = self._node.devices.get(device_uuid)
         return device.index if device is not None else 0
 
+    def device(self, device_uuid: str) -> Device | None:
+        return self._node.devices.get(device_uuid)
+
     async def admit(
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
     ) -> AdmitResult:
@@ -46,14 +49,18 @@ class NodeFacade:
     async def explain(self, request: AdmissionRequest) -> AdmitResult:
         return await self._node.explain(request)
 
-    async def commit(self, gang_id: str) -> list[Lease]:
-        return await self._node.commit(gang_id)
+    async def commit(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
+        return await self._node.commit(gang_id, owner=owner)
 
-    async def abort(self, gang_id: str) -> list[Lease]:
-        return await self._node.abort(gang_id)
+    async def abort(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
+        return await self._node.abort(gang_id, owner=owner)
 
-    async def release(self, lease_id: str) -> Lease:
-        return await self._node.release(lease_id)
+    async def release(self, lease_id: str, *, owner: str | None = None) -> Lease:
+        return await self._node.release(lease_id, owner=owner)
+
+    def owner_of(self, lease_id: str) -> str:
+        service = self._service()
+        return service.owner_of(lease_id) if service is not None else ""
 
     async def drain(self, device_uuid: str | None, reason: str) -> list[str]:
         return await self._node.drain(device_uuid or None, reason)

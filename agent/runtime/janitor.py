@@ -1,10 +1,12 @@
 """The janitor: clears stale MPS contexts, periodically and on demand (``ClearStale``).
 
-Each pass gathers facts (the daemons' client lists, each PID's process state and lease
-marker, NVML's per-process device memory, faults seen since the last pass), asks the pure
-planner (``agent.mps.stale``) what to do, and does it. Every action is an event, a count in
+Each pass gathers facts (the daemons' client lists, each PID's process state and the lease
+its cgroup says it belongs to, see :mod:`agent.runtime.attribution`, NVML's per-process
+device memory, faults seen since the last pass), asks the pure planner (``agent.mps.stale``)
+what to do, and does it. Every action is an event, a count in
 ``gpushare_control_actions_total`` and a log line; a dry run lists the same actions and
-changes nothing. A hung control daemon is the MPS supervisor's to restart; a pass lists it.
+changes nothing; a report terminates nothing. A hung control daemon is the MPS supervisor's
+to restart; a pass lists it.
 """
 
 from __future__ import annotations
@@ -32,28 +34,27 @@ from agent.mps.stale import (
     ProcessState,
     plan,
 )
+from agent.runtime.attribution import ProcessAttributor
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
-from agent.runtime.readiness import lease_marker
 
 log = logging.getLogger(__name__)
 FAULT_EVENTS = ("mps.server_fatal", "gpu.xid", "gpu.ecc_double_bit", "gpu.fatal_poison")
 
 
-def process_facts(pids: Iterable[int]) -> dict[int, ProcessFact]:
-    """Each PID's state and lease marker (blocking: reads /proc)."""
-    facts = {}
+def process_states(pids: Iterable[int]) -> dict[int, ProcessState]:
+    """Each PID's state (blocking: reads /proc)."""
+    states = {}
     for pid in set(pids):
         try:
             status = psutil.Process(pid).status()
         except psutil.NoSuchProcess:
-            facts[pid] = ProcessFact(ProcessState.GONE)
+            states[pid] = ProcessState.GONE
             continue
         except psutil.Error:
             status = psutil.STATUS_RUNNING  # not ours to read: alive, unknown lease
-        state = ProcessState.ZOMBIE if status == psutil.STATUS_ZOMBIE else ProcessState.ALIVE
-        facts[pid] = ProcessFact(state, lease_marker(pid) if state is ProcessState.ALIVE else None)
-    return facts
+        states[pid] = ProcessState.ZOMBIE if status == psutil.STATUS_ZOMBIE else ProcessState.ALIVE
+    return states
 
 
 class Janitor:
@@ -68,8 +69,10 @@ class Janitor:
         policy: Policy,
         interval_s: float,
         actions: Counter[str],
+        attributor: ProcessAttributor | None = None,
     ) -> None:
         self._node = node
+        self.attributor = attributor or ProcessAttributor(events)
         self._mps = mps
         self._gpu = gpu
         self._events = events
@@ -130,7 +133,7 @@ class Janitor:
         }
         pids = [c for d in daemons for s in d.servers for c in s.client_pids]
         pids += [p.pid for listed in nvml.values() for p in listed]
-        processes = await asyncio.to_thread(process_facts, pids)
+        processes = await self._process_facts(pids)
         used: Counter[str] = Counter()
         for listed in nvml.values():
             for p in listed:
@@ -145,6 +148,18 @@ class Janitor:
             faults=dict(self._faults),
             memory_used=dict(used),
         )
+
+    async def _process_facts(self, pids: list[int]) -> dict[int, ProcessFact]:
+        """Each PID's state and, for a live one, the lease it belongs to."""
+        states = await asyncio.to_thread(process_states, pids)
+        alive = [pid for pid, state in states.items() if state is ProcessState.ALIVE]
+        owners = await self.attributor.attribute(alive, self._node.leases.values())
+        return {
+            pid: ProcessFact(state, owners[pid].lease_id, owners[pid].by_cgroup)
+            if pid in owners
+            else ProcessFact(state)
+            for pid, state in states.items()
+        }
 
     async def _apply(self, action: Action) -> None:
         log.info("janitor: %s", action.description)
@@ -166,7 +181,8 @@ class Janitor:
             await self._node.end_leases(
                 action.lease_ids, LeaseState.FAILED, self._faults.get(device, "fault")
             )
-        await self._terminate(device, action.clients)
+        if action.kind is not ActionKind.REPORT_UNKNOWN:  # a report names its client only
+            await self._terminate(device, action.clients)
         if action.kind is ActionKind.FAIL_DEVICE:
             assert device is not None
             for server in action.server_pids:

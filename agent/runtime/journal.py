@@ -75,6 +75,7 @@ class Journal:
             attrs={
                 "tenant": lease.tenant,
                 "request_id": lease.request_id,
+                "owner": lease.owner,
                 "memory_bytes": str(lease.memory_bytes),
                 "thread_pct": f"{lease.thread_pct:g}",
                 "version": str(lease.version),

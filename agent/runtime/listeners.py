@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agent.api.auth import ReloadableTls, TlsFiles, TokenHolder
-from agent.api.grpc_server import AgentService, GrpcServer
+from agent.api.grpc_server import AgentService
+from agent.api.identity import Identify, TcpIdentify, observers_of
+from agent.api.server import GrpcServer
 from agent.config.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
 
-def tcp_server(api: ApiSettings, service: AgentService) -> GrpcServer:
-    """The TCP listener with its token and certificates, read now (ConfigError if bad).
+def tcp_server(api: ApiSettings, service: Callable[[Identify], AgentService]) -> GrpcServer:
+    """The TCP listener with its token and certificates, read now (ConfigError if bad),
+    serving ``service`` with callers identified by certificate or token name.
 
     ``checks.check_tcp_listen`` has already refused a combination that authenticates nobody.
     """
@@ -21,7 +24,10 @@ def tcp_server(api: ApiSettings, service: AgentService) -> GrpcServer:
     if api.tls_cert_file:
         tls = ReloadableTls(TlsFiles(api.tls_cert_file, api.tls_key_file, api.tls_client_ca_file))
     token = TokenHolder(api.token_file) if api.token_file else None
-    return GrpcServer(service, address=api.tcp_listen, key="api.tcp_listen", token=token, tls=tls)
+    identify = TcpIdentify(token, observers_of(api.observers))
+    return GrpcServer(
+        service(identify), address=api.tcp_listen, key="api.tcp_listen", token=token, tls=tls
+    )
 
 
 def reload_secrets(servers: Sequence[GrpcServer]) -> list[str]:

@@ -68,6 +68,7 @@ class NodeService:
         self._mps_states = mps_states
         self._clock = clock
         self.ledger = Ledger(self.devices)
+        events.owner_of = self.owner_of
         lock = asyncio.Lock()
         journal = Journal(self.ledger, store, events)
         self.availability = Availability(self.devices, store=store, events=events, clock=clock)
@@ -170,14 +171,19 @@ class NodeService:
 
     # -- transitions -----------------------------------------------------------------------
 
-    async def release(self, lease_id: str) -> Lease:
-        return await self.transitions.release(lease_id)
+    async def release(self, lease_id: str, *, owner: str | None = None) -> Lease:
+        return await self.transitions.release(lease_id, owner=owner)
 
-    async def commit(self, gang_id: str) -> list[Lease]:
-        return await self.transitions.commit(gang_id)
+    async def commit(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
+        return await self.transitions.commit(gang_id, owner=owner)
 
-    async def abort(self, gang_id: str) -> list[Lease]:
-        return await self.transitions.abort(gang_id)
+    async def abort(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
+        return await self.transitions.abort(gang_id, owner=owner)
+
+    def owner_of(self, lease_id: str) -> str:
+        """The caller identity that made a lease the ledger knows, else ""."""
+        lease = self.ledger.get(lease_id)
+        return lease.owner if lease is not None else ""
 
     async def mark_ready(self, lease: Lease, client_pids: list[int]) -> Lease | None:
         return await self.transitions.mark_ready(lease, client_pids)

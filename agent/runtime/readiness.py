@@ -1,50 +1,31 @@
 """Readiness: does an admitted lease's workload ever show up on its device?
 
 Every ``interval_s`` the watcher collects the processes on each device (the MPS servers'
-client lists, and NVML's compute and MPS process lists) and maps each PID to a lease through
-the lease marker in its environment (``/proc/<pid>/environ``, variable
-``GPUSHARE_LEASE_ID``), falling back to a lease id in its cgroup path. An admitted lease with
-a client on its device becomes ``ready``. One still not ready at its deadline is reported
-(``lease.not_ready``, policy ``report``) or made ``ineffective`` and its capacity freed
-(policy ``reclaim``). The ineffective-occupancy ratio W is the share of the node's device
-memory held by admitted leases that are not ready.
+client lists, and NVML's compute and MPS process lists) and maps each PID to a lease by its
+cgroup, checked against the workload the lease was granted for, with the
+``GPUSHARE_LEASE_ID`` marker in its environment as a hint only (see
+:mod:`agent.runtime.attribution`): a process naming a lease its cgroup contradicts makes
+nothing ready. An admitted lease with a client on its device becomes ``ready``. One still
+not ready at its deadline is reported (``lease.not_ready``, policy ``report``) or made
+``ineffective`` and its capacity freed (policy ``reclaim``). The ineffective-occupancy ratio
+W is the share of the node's device memory held by admitted leases that are not ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable, Sequence
-
-import psutil
 
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device, MpsDaemonState
 from agent.gpu.port import GpuBackend
-from agent.mps.limits import LEASE_MARKER_VAR
+from agent.runtime.attribution import ProcessAttributor
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 
 log = logging.getLogger(__name__)
-_CGROUP_LEASE = re.compile(r"(l-[A-Za-z0-9_-]{16})")
-
-
-def lease_marker(pid: int) -> str | None:
-    """The lease a process belongs to, from its environment or else its cgroup."""
-    try:
-        marker = psutil.Process(pid).environ().get(LEASE_MARKER_VAR)
-    except psutil.Error:
-        marker = None
-    if marker:
-        return marker
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            match = _CGROUP_LEASE.search(f.read())
-    except OSError:
-        return None
-    return match.group(1) if match else None
 
 
 def ineffective_ratio(leases: Sequence[Lease], devices: Sequence[Device]) -> float:
@@ -64,8 +45,10 @@ class ReadinessWatcher:
         clock: Callable[[], float],
         policy: str,
         interval_s: float,
+        attributor: ProcessAttributor | None = None,
     ) -> None:
         self._node = node
+        self.attributor = attributor or ProcessAttributor(events)
         self._gpu = gpu
         self._mps_states = mps_states
         self._events = events
@@ -95,14 +78,13 @@ class ReadinessWatcher:
     async def check_once(self) -> list[str]:
         """One pass; returns what it did, for logs and tests."""
         by_device = await self._pids_by_device()
-        markers = await asyncio.to_thread(
-            lambda: {pid: lease_marker(pid) for pids in by_device.values() for pid in pids}
+        owners = await self.attributor.owners(
+            {pid for pids in by_device.values() for pid in pids}, self._node.leases.values()
         )
         seen: dict[str, list[int]] = {}
         for uuid, pids in by_device.items():
             for pid in pids:
-                lease_id = markers.get(pid)
-                lease = self._node.leases.get(lease_id or "")
+                lease = self._node.leases.get(owners.get(pid) or "")
                 if lease is not None and lease.device_uuid == uuid:
                     seen.setdefault(lease.lease_id, []).append(pid)
         return await self._apply(seen)

@@ -1,7 +1,8 @@
 """Request ids: the fingerprint of a request, and the answer to a request id seen before.
 
 A request id is scoped by tenant and stored with the canonical request it came with; the
-same id with a different request is refused with ALREADY_EXISTS, naming what differs.
+same id with a different request is refused with ALREADY_EXISTS, naming what differs, and
+the same id from another caller with PERMISSION_DENIED, naming nothing of that caller's.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from agent.core.errors import AlreadyExistsError
+from agent.core.errors import AlreadyExistsError, PermissionDeniedError
 from agent.core.types import AdmissionRequest
 from agent.state.port import RequestRecord
 
@@ -40,6 +41,8 @@ def canonical(request: AdmissionRequest, gang_id: str | None) -> dict[str, Any]:
             job.scheduling_delay_s,
         ],
         "gang_id": gang_id,
+        "workload": request.workload,
+        "owner": request.owner,
     }
 
 
@@ -61,6 +64,11 @@ def check_same(record: RequestRecord, request: AdmissionRequest, gang_id: str | 
         return
     before = json.loads(record.canonical)
     now = json.loads(mine.canonical)
+    if before.get("owner", now["owner"]) != now["owner"]:
+        raise PermissionDeniedError(
+            f"request id {_echo(request.request_id)} was used by another caller; "
+            "use a new request id"
+        )
     differs = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
     detail = ", ".join(f"{k}: {_echo(before.get(k))} then {_echo(now.get(k))}" for k in differs)
     raise AlreadyExistsError(

@@ -6,7 +6,9 @@ once no lease it touches has a write in flight; it is written outside the lock a
 when durable, so capacity is given back only once the freeing write is on disk and a failed
 write has changed nothing. A transition that no longer applies answers cleanly
 (``ConflictError`` or ``NotFoundError`` naming the lease and its state). Release, Commit
-and Abort are idempotent: asking again for what is done answers the same.
+and Abort are idempotent: asking again for what is done answers the same. With an
+``owner`` they act only on leases that owner made (a lease's owner never changes, so the
+check needs no lock); ``owner=None`` is the node itself or the on-call engineer.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
-from agent.core.errors import ConflictError, GpushareError, NotFoundError, StateError
+from agent.core.errors import (
+    ConflictError,
+    GpushareError,
+    NotFoundError,
+    PermissionDeniedError,
+    StateError,
+)
 from agent.core.lease import ALLOWED_TRANSITIONS, Lease, LeaseState, transition
 from agent.runtime.journal import Journal, Write
 from agent.runtime.ledger import Ledger
@@ -113,10 +121,14 @@ class Transitions:
 
     # -- the scheduler's calls --------------------------------------------------------------
 
-    async def release(self, lease_id: str) -> Lease:
+    async def release(self, lease_id: str, *, owner: str | None = None) -> Lease:
+        if owner is not None:
+            found = self._ledger.get(lease_id) or await self._store.lease(lease_id)
+            _check_owner([found] if found else [], owner, f"lease {lease_id}")
+        reason = "released by the caller" if owner is None else f"released by {owner}"
         moved = await self._run(
             lambda: [lease_id],
-            lambda: self._moves([lease_id], LeaseState.RELEASED, "released by the caller"),
+            lambda: self._moves([lease_id], LeaseState.RELEASED, reason),
         )
         if moved:
             return moved[0]
@@ -139,7 +151,16 @@ class Transitions:
         ]
         return any(x.state is LeaseState.EXPIRED for x in ended)
 
-    async def commit(self, gang_id: str) -> list[Lease]:
+    async def _check_gang_owner(self, gang_id: str, owner: str | None) -> None:
+        if owner is None:
+            return
+        members = self._ledger.gang(gang_id) or self._ledger.ended_gang(gang_id)
+        if not members:
+            members = await self._store.gang_leases(gang_id)
+        _check_owner(members, owner, f"gang {gang_id!r}")
+
+    async def commit(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
+        await self._check_gang_owner(gang_id, owner)
         expired: list[bool] = []
         gone = await self._expired_before(gang_id)
 
@@ -163,7 +184,9 @@ class Transitions:
             return members  # committed before: answer the same
         return await self._ended_gang(gang_id, asked="commit")
 
-    async def abort(self, gang_id: str) -> list[Lease]:
+    async def abort(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
+        await self._check_gang_owner(gang_id, owner)
+
         def plan() -> list[Lease]:
             members = self._ledger.gang(gang_id)
             ids = [x.lease_id for x in members if x.state is LeaseState.RESERVED]
@@ -237,6 +260,13 @@ class Transitions:
             log.warning("the state store cannot write: %s", exc)
         except GpushareError as exc:
             log.error("reservation reaper: %s", exc)
+
+
+def _check_owner(leases: Sequence[Lease], owner: str, what: str) -> None:
+    """Refuse if any of ``leases`` was made by another caller (one made before owners
+    were recorded belongs to nobody in particular)."""
+    if any(x.owner and x.owner != owner for x in leases):
+        raise PermissionDeniedError(f"{what} was made by another caller")
 
 
 def _outcome(ended: Sequence[Lease]) -> str:

@@ -122,6 +122,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_by_at ON events (at);
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 7: who made a lease (its caller identity) and the workload it is granted for
+    """
+    ALTER TABLE leases ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+    ALTER TABLE leases ADD COLUMN workload TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 

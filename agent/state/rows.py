@@ -32,6 +32,8 @@ LEASE_COLUMNS = (
     "attributes",
     "ready_at",
     "version",
+    "owner",
+    "workload",
 )
 LEASE_SELECT = f"SELECT {', '.join(LEASE_COLUMNS)} FROM leases"
 LEASE_INSERT = (
@@ -74,6 +76,8 @@ def lease_row(lease: Lease) -> tuple[Any, ...]:
         json.dumps(dict(lease.attributes)),
         lease.ready_at,
         lease.version,
+        lease.owner,
+        lease.workload,
     )
 
 

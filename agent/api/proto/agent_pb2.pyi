@@ -39,7 +39,7 @@ class Sizing(_message.Message):
     def __init__(self, parameters: _Optional[int] = ..., mode: _Optional[str] = ..., dtype: _Optional[str] = ..., layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., concurrent_sequences: _Optional[int] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model", "counters", "job")
+    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model", "counters", "job", "workload")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class Request(_message.Message):
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     trust_domain: str
@@ -71,7 +72,8 @@ class Request(_message.Message):
     gpu_model: str
     counters: _containers.ScalarMap[str, float]
     job: Job
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+    workload: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., workload: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_type", "model_type", "generative", "requested_gpus", "declared_duration_s", "scheduling_delay_s")
@@ -140,7 +142,7 @@ class Decision(_message.Message):
     def __init__(self, admitted: _Optional[bool] = ..., device_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[DeviceAttempt, _Mapping]]] = ..., preempted_lease_ids: _Optional[_Iterable[str]] = ..., preempted_lease_s: _Optional[float] = ..., predictions: _Optional[_Mapping[str, float]] = ..., estimator: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "request_id", "gang_id", "tenant", "trust_domain", "device_uuid", "device_index", "priority", "memory_bytes", "thread_pct", "state", "created_at", "updated_at", "expires_at", "reason", "profile", "retention_floor")
+    __slots__ = ("lease_id", "request_id", "gang_id", "tenant", "trust_domain", "device_uuid", "device_index", "priority", "memory_bytes", "thread_pct", "state", "created_at", "updated_at", "expires_at", "reason", "profile", "retention_floor", "owner", "workload")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GANG_ID_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +160,8 @@ class Lease(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request_id: str
     gang_id: str
@@ -175,7 +179,9 @@ class Lease(_message.Message):
     reason: str
     profile: str
     retention_floor: float
-    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., device_uuid: _Optional[str] = ..., device_index: _Optional[int] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., thread_pct: _Optional[float] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., reason: _Optional[str] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ...) -> None: ...
+    owner: str
+    workload: str
+    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., device_uuid: _Optional[str] = ..., device_index: _Optional[int] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., thread_pct: _Optional[float] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., reason: _Optional[str] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., owner: _Optional[str] = ..., workload: _Optional[str] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("host_path", "container_path")
@@ -192,7 +198,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[Request, _Mapping]] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("decision", "lease", "env", "mounts", "error_code", "error_message")
+    __slots__ = ("decision", "lease", "env", "mounts", "error_code", "error_message", "isolation")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -206,13 +212,15 @@ class AdmitResponse(_message.Message):
     MOUNTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     lease: Lease
     env: _containers.ScalarMap[str, str]
     mounts: _containers.RepeatedCompositeFieldContainer[Mount]
     error_code: str
     error_message: str
-    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, decision: _Optional[_Union[Decision, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., isolation: _Optional[_Union[Isolation, _Mapping]] = ...) -> None: ...
 
 class AdmitBatchRequest(_message.Message):
     __slots__ = ("requests",)
@@ -267,10 +275,18 @@ class ReleaseResponse(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
-    __slots__ = ("since_seq",)
+    __slots__ = ("since_seq", "window_ms")
     SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     since_seq: int
-    def __init__(self, since_seq: _Optional[int] = ...) -> None: ...
+    window_ms: int
+    def __init__(self, since_seq: _Optional[int] = ..., window_ms: _Optional[int] = ...) -> None: ...
+
+class EventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("seq", "at", "kind", "message", "device_uuid", "lease_id", "attrs", "epoch")
@@ -356,7 +372,7 @@ class GetNodeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("uuid", "index", "model", "memory_bytes", "sharing_mode", "compute_capability", "parent_uuid", "mig_profile")
+    __slots__ = ("uuid", "index", "model", "memory_bytes", "sharing_mode", "compute_capability", "parent_uuid", "mig_profile", "isolation")
     UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +381,7 @@ class Device(_message.Message):
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     PARENT_UUID_FIELD_NUMBER: _ClassVar[int]
     MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     index: int
     model: str
@@ -373,7 +390,18 @@ class Device(_message.Message):
     compute_capability: str
     parent_uuid: str
     mig_profile: str
-    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., sharing_mode: _Optional[str] = ..., compute_capability: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, uuid: _Optional[str] = ..., index: _Optional[int] = ..., model: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., sharing_mode: _Optional[str] = ..., compute_capability: _Optional[str] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., isolation: _Optional[_Union[Isolation, _Mapping]] = ...) -> None: ...
+
+class Isolation(_message.Message):
+    __slots__ = ("memory", "faults", "compute")
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_FIELD_NUMBER: _ClassVar[int]
+    memory: str
+    faults: str
+    compute: str
+    def __init__(self, memory: _Optional[str] = ..., faults: _Optional[str] = ..., compute: _Optional[str] = ...) -> None: ...
 
 class MpsServer(_message.Message):
     __slots__ = ("pid", "client_pids")

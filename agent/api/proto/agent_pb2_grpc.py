@@ -79,6 +79,11 @@ class AgentStub:
                 request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.Event.FromString,
                 _registered_method=True)
+        self.WatchEventBatches = channel.unary_stream(
+                '/gpushare.v1.Agent/WatchEventBatches',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.EventBatch.FromString,
+                _registered_method=True)
         self.Drain = channel.unary_unary(
                 '/gpushare.v1.Agent/Drain',
                 request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.DrainRequest.SerializeToString,
@@ -167,6 +172,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEventBatches(self, request, context):
+        """The same events in batches: each message holds what was published since the last one,
+        at most one message per window (WatchEventsRequest.window_ms). For many watchers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Drain(self, request, context):
         """Admin only (the local Unix socket): close devices to new leases, open them again.
         """
@@ -242,6 +255,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.FromString,
                     response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.Event.SerializeToString,
+            ),
+            'WatchEventBatches': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEventBatches,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.EventBatch.SerializeToString,
             ),
             'Drain': grpc.unary_unary_rpc_method_handler(
                     servicer.Drain,
@@ -507,6 +525,33 @@ class Agent:
             '/gpushare.v1.Agent/WatchEvents',
             agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.SerializeToString,
             agent_dot_api_dot_proto_dot_agent__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEventBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gpushare.v1.Agent/WatchEventBatches',
+            agent_dot_api_dot_proto_dot_agent__pb2.WatchEventsRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.EventBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,6 @@
 """Readiness with real processes: a client carrying the lease marker in its environment
-makes its lease ready; a lease whose client never comes becomes ineffective; W follows."""
+makes its lease ready (a lease bound to no workload: the marker is its only identity); a
+lease whose client never comes becomes ineffective; W follows."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import Ports
-from agent.runtime.readiness import lease_marker
+from agent.runtime.processes import read_lease_hint
 from tests.helpers import running_app, short_dir, sim_settings
 
 
@@ -35,14 +36,14 @@ def test_the_marker_is_read_from_the_process_environment() -> None:
         try:
             # until exec, /proc shows the environment of the forked parent: wait for it
             for _ in range(100):
-                if lease_marker(p.pid) is not None:
+                if read_lease_hint(p.pid) is not None:
                     break
                 time.sleep(0.01)
-            assert lease_marker(p.pid) == "l-abc"
+            assert read_lease_hint(p.pid) == "l-abc"
         finally:
             p.kill()
-    assert lease_marker(os.getpid()) is None
-    assert lease_marker(2**22 + 12345) is None  # no such process
+    assert read_lease_hint(os.getpid()) == os.environ.get("GPUSHARE_LEASE_ID")
+    assert read_lease_hint(2**22 + 12345) is None  # no such process
 
 
 async def test_ready_ineffective_and_w(root: Path) -> None:

@@ -10,10 +10,11 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.api import grpc_server
-from agent.api.grpc_server import AgentService, GrpcServer
+from agent.api import watch
+from agent.api.grpc_server import AgentService
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.api.server import GrpcServer
 from agent.runtime.events import EventLog
 from agent.state.port import Retention
 from agent.state.sqlite import SqliteStateStore
@@ -93,7 +94,7 @@ async def test_below_the_retained_range_starts_at_the_first_retained(feed: Feed)
 async def test_a_live_watcher_too_far_behind_is_told_where_to_resume(
     feed: Feed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(grpc_server, "WATCH_MAX_LAG", 5)
+    monkeypatch.setattr(watch, "WATCH_MAX_LAG", 5)
     events, _store, stub = feed
     stream = stub.WatchEvents(pb.WatchEventsRequest(since_seq=0))
     await stream.initial_metadata()
@@ -104,3 +105,39 @@ async def test_a_live_watcher_too_far_behind_is_told_where_to_resume(
         await take(stream, 30)
     assert ended.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert f"resume with since_seq={seen.seq}" in (ended.value.details() or "")
+
+
+async def test_batches_catch_up_dense_then_gather_live_events(feed: Feed) -> None:
+    events, _store, stub = feed
+    await publish(events, 1200)
+    stream = stub.WatchEventBatches(pb.WatchEventsRequest(since_seq=0, window_ms=200))
+    seqs: list[int] = []
+    async for batch in stream:
+        assert 0 < len(batch.events) <= watch.WATCH_PAGE
+        seqs.extend(e.seq for e in batch.events)
+        if seqs[-1] == 1200:
+            break
+    assert seqs == list(range(1, 1201))
+    for _ in range(10):  # ten separate publications inside one window
+        await publish(events, 1)
+    live = await take(stream, 1)
+    assert [e.seq for e in live[0].events] == list(range(1201, 1211))
+    stream.cancel()
+
+
+async def test_watchers_catching_up_together_read_each_page_once(feed: Feed) -> None:
+    events, _store, stub = feed
+    await publish(events, 2000)
+    reads: list[int] = []
+    stored_since = events.stored_since
+
+    async def counted(seq: int, *, limit: int) -> list[Any]:
+        reads.append(seq)
+        return await stored_since(seq, limit=limit)
+
+    events.stored_since = counted  # type: ignore[method-assign]
+    streams = [stub.WatchEvents(pb.WatchEventsRequest(since_seq=0)) for _ in range(5)]
+    for stream in streams:
+        assert [e.seq for e in await take(stream, 1900)] == list(range(1, 1901))
+        stream.cancel()
+    assert len(reads) == len(set(reads))  # every page read from the store once

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.core.errors import TelemetryError
+from agent.core.identity import CgroupFacts, ProcessIdentity
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import AdmissionRequest, GpuProcess, PriorityClass, ReasonCode
 from agent.core.units import GIB
@@ -248,11 +249,14 @@ async def test_a_lease_whose_client_never_connects_is_ineffective_at_its_deadlin
     sim.app.ports.gpu.process_table[sim.device] = [  # type: ignore[attr-defined]
         GpuProcess(2**22 + 7, GIB, mps=True)
     ]
-    # The client's marker, as /proc/<pid>/environ would show it (real reads are tested
-    # in tests/integration/api/test_readiness.py with real processes).
+    # The client's identity as /proc would show it: its marker, and a cgroup that names no
+    # workload (the lease is bound to none). Real reads are tested with real processes in
+    # tests/integration/control/test_process_identity.py.
     monkeypatch.setattr(
-        "agent.runtime.readiness.lease_marker",
-        lambda pid: other.lease_id if pid == 2**22 + 7 else None,
+        "agent.runtime.processes.read_identity",
+        lambda pid: (
+            ProcessIdentity(pid, 1, CgroupFacts(), other.lease_id) if pid == 2**22 + 7 else None
+        ),
     )
     await sim.control.readiness.check_once()
     assert sim.app.snapshot().ineffective_ratio == pytest.approx(8 * GIB / total)

@@ -106,3 +106,31 @@ def test_the_holder_swaps_on_reload_and_keeps_the_old_token_on_a_bad_file(
     with pytest.raises(ConfigError):
         holder.reload()
     assert holder.expected == f"Bearer {new}".encode()
+
+
+def test_named_tokens_and_rotation(tmp_path: Path) -> None:
+    old, new, other = secrets.token_hex(32), secrets.token_hex(32), secrets.token_hex(32)
+    path = token_file(tmp_path, f"# callers\nsched {old}\nsched {new}  # rotating\nci {other}\n")
+    holder = TokenHolder(str(path))
+    assert holder.match(f"Bearer {old}".encode()) == "sched"
+    assert holder.match(f"Bearer {new}".encode()) == "sched"
+    assert holder.match(f"Bearer {other}".encode()) == "ci"
+    assert holder.match(f"Bearer {old[:-1]}".encode()) is None
+    assert holder.match(b"") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("sched {a}\nci {a}\n", "one token comes twice"),
+        ("sched {a} extra\nci {b}\n", "line 1: expected NAME TOKEN"),
+        ("sched\n{a}\n", "line 1: expected NAME TOKEN"),
+        ("sched {a}\nci deadbeef\n", "line 2: the token has about 32 bits"),
+    ],
+)
+def test_bad_named_token_files_say_which_line_and_rule(
+    tmp_path: Path, text: str, rule: str
+) -> None:
+    path = token_file(tmp_path, text.format(a=secrets.token_hex(32), b=secrets.token_hex(32)))
+    with pytest.raises(ConfigError, match=rule):
+        TokenHolder(str(path))

@@ -166,7 +166,7 @@ def test_memory_over_the_limit(
     actions, after = plan(
         facts(
             (41,),
-            {41: ProcessFact(ALIVE, "l-1")},
+            {41: ProcessFact(ALIVE, "l-1", by_cgroup=True)},
             (lease("l-1", pids=(41,)),),
             memory_used={"l-1": used_gib * GIB},
         ),
@@ -187,3 +187,33 @@ def test_memory_is_a_pure_value() -> None:
     plan(facts((41,), {41: ProcessFact(GONE)}), memory, Policy())
     assert memory == Memory(), "the planner never changes what it was given"
     assert dataclasses.is_dataclass(memory)
+
+
+def test_enforce_terminates_only_the_clients_the_cgroup_says_are_the_leases() -> None:
+    """A client attributed by its GPUSHARE_LEASE_ID alone may be anyone's: a lease's memory
+    never gets it terminated (nor, through it, the lease's own clients)."""
+    actions, _ = plan(
+        facts(
+            (41, 42, 43),
+            {
+                41: ProcessFact(ALIVE, "l-1", by_cgroup=True),
+                42: ProcessFact(ALIVE, "l-1"),  # by the hint only
+                43: ProcessFact(ALIVE, "l-2", by_cgroup=True),  # another lease's
+            },
+            (lease("l-1", pids=(41,)), lease("l-2", pids=(43,))),
+            memory_used={"l-1": 5 * GIB},
+        ),
+        Memory(),
+        Policy(memory="enforce"),
+    )
+    (violation,) = [a for a in actions if a.kind is ActionKind.MEMORY_VIOLATION]
+    assert violation.clients == ((SERVER, 41),)
+    assert "1 client(s) known by their GPUSHARE_LEASE_ID only" in violation.description
+    hint_only, _ = plan(
+        facts(
+            (42,), {42: ProcessFact(ALIVE, "l-1")}, (lease("l-1"),), memory_used={"l-1": 5 * GIB}
+        ),
+        Memory(),
+        Policy(memory="enforce"),
+    )
+    assert [a.clients for a in hint_only] == [()], "reported, never enforced"

@@ -1,0 +1,232 @@
+"""WatchEvents and WatchEventBatches: numbered events for many watchers, cheaply.
+
+A watcher catches up in pages (from the store's reader while it is behind the ring) and
+then follows the ring, woken once per published batch. Each event is serialized once per
+view (see :mod:`agent.api.redact`) for every watcher that sends it; a page read from the
+store is read and encoded once for every watcher that catches up over it (the pages are
+kept, bounded in bytes), and only a few watchers read the store at a time, never while
+they send; a few send a stored page at a time (the admissions share the event loop).
+A live watcher more than ``WATCH_MAX_LAG`` events behind is ended with
+RESOURCE_EXHAUSTED, naming where to resume. A batch stream sends at most one message per
+window, so a thousand watchers cost a thousand messages per window, not per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from agent.api import convert, redact
+from agent.api.identity import LOCAL, Caller
+from agent.api.ports import EventFeed
+from agent.core.types import Event
+
+WATCH_PAGE = 500  # events a watcher reads at a time
+WATCH_MAX_LAG = 10_000  # a live watcher's bounded send queue, in events
+CATCHUP_STREAMS = 4  # watchers reading a page from the store at a time
+ENCODED_KEPT = 20_000  # serialized recent events kept for the watchers
+PAGES_KEPT_BYTES = 32 * 2**20  # encoded store pages kept for watchers catching up
+SLOT_HOLD_S = 0.5  # a catch-up send slot comes back after this even if its reader stalls
+DEFAULT_WINDOW_S = 0.05
+MAX_WINDOW_MS = 10_000
+_BATCH_EVENTS_TAG = b"\x0a"  # EventBatch.events: field 1, length-delimited
+
+
+class EncodedEvents:
+    """Events serialized once per view, for every watcher that sends them (bounded,
+    newest kept)."""
+
+    def __init__(self) -> None:
+        self._by_seq: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+
+    def encode(self, event: Event, caller: Caller = LOCAL) -> bytes:
+        view = redact.event_view(event, caller)
+        data = self._by_seq.get((event.seq, view))
+        if data is None:
+            data = convert.event_to_pb(redact.event_as(event, view)).SerializeToString()
+            self._by_seq[(event.seq, view)] = data
+            if len(self._by_seq) > ENCODED_KEPT:
+                self._by_seq.popitem(last=False)
+        return data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def batch_bytes(page: list[bytes]) -> bytes:
+    """An EventBatch of already serialized events, without parsing them again."""
+    return b"".join(_BATCH_EVENTS_TAG + _varint(len(data)) + data for data in page)
+
+
+class Slots:
+    """A semaphore whose slot comes back when its holder is done or after ``hold_s``,
+    whichever is first: catch-up sends take turns, and a reader that stops reading (its
+    send never completes) cannot keep a slot from the others."""
+
+    def __init__(self, count: int, hold_s: float) -> None:
+        self._free = asyncio.Semaphore(count)
+        self._hold_s = hold_s
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        await self._free.acquire()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._free.release()
+
+        timer = asyncio.get_running_loop().call_later(self._hold_s, release)
+        try:
+            yield
+        finally:
+            timer.cancel()
+            release()
+
+
+@dataclass(slots=True)
+class Page:
+    """Serialized events after ``last`` up to the new ``last``, and as one EventBatch
+    (made once, when first asked for)."""
+
+    last: int
+    events: list[bytes]
+    _batch: bytes | None = None
+
+    def batch(self) -> bytes:
+        if self._batch is None:
+            self._batch = batch_bytes(self.events)
+        return self._batch
+
+    @property
+    def size(self) -> int:
+        """Bytes it may hold: the events, and the batch made of them."""
+        return 2 * sum(len(data) for data in self.events)
+
+
+def _encode_page(last: int, events: list[Event], caller: Caller) -> Page:
+    """Old events' bytes, not kept with the recent ones (the page keeps them), and the
+    batch of them, made in a worker thread."""
+    encoded = [
+        convert.event_to_pb(redact.event_as(e, redact.event_view(e, caller))).SerializeToString()
+        for e in events
+    ]
+    page = Page(events[-1].seq if events else last, encoded)
+    page.batch()
+    return page
+
+
+def _audience(caller: Caller) -> str:
+    """Callers that see the same bytes of every event share cached pages."""
+    return "*" if caller.admin or caller.observer else caller.name
+
+
+class Watchers:
+    def __init__(self, events: EventFeed) -> None:
+        self._events = events
+        self.wire = EncodedEvents()
+        self._catching_up = asyncio.Semaphore(CATCHUP_STREAMS)
+        self._sending = Slots(CATCHUP_STREAMS, SLOT_HOLD_S)
+        self._pages: OrderedDict[tuple[int, str], Page] = OrderedDict()
+        self._pages_bytes = 0
+        self._reading: dict[tuple[int, str], asyncio.Future[Page]] = {}
+
+    async def begin(self, since_seq: int, context: Any) -> int:
+        """The seq a stream starts after; OUT_OF_RANGE beyond the last event; the first
+        retained seq in the initial metadata (``gpushare-first-seq``)."""
+        if since_seq > self._events.last_seq:
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"since_seq {since_seq} is beyond the last event ({self._events.last_seq})",
+            )
+        last = max(since_seq, await self._events.first_stored_seq() - 1)
+        await context.send_initial_metadata((("gpushare-first-seq", str(last + 1)),))
+        return last
+
+    async def pages(
+        self, last: int, caller: Caller, context: Any, window_s: float = 0.0
+    ) -> AsyncIterator[Page]:
+        """Encoded pages of the events after ``last``, for ever."""
+        live = False
+        while True:
+            change = self._events.change()
+            if last + 1 < self._events.oldest_seq:
+                live = False
+                page = await self._stored_page(last, caller)
+                last = page.last
+                if page.events:
+                    async with self._sending.slot():  # a few catch-up sends at a time
+                        yield page
+                else:  # nothing stored past it (never expected): go on from the ring
+                    last = max(last, self._events.oldest_seq - 1)
+                continue
+            if live and self._events.last_seq - last > WATCH_MAX_LAG:
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this watcher fell {self._events.last_seq - last} events behind; "
+                    f"resume with since_seq={last}",
+                )
+            live = True
+            events = self._events.since(last, limit=WATCH_PAGE)
+            if not events:
+                await change.wait()
+                if window_s:
+                    await asyncio.sleep(window_s)  # let a batch gather
+                continue
+            last = events[-1].seq
+            yield Page(last, [self.wire.encode(event, caller) for event in events])
+
+    async def _stored_page(self, last: int, caller: Caller) -> Page:
+        """The page after ``last`` from the store, read and encoded once for everyone
+        who sees it the same way; the store is read by a few watchers at a time."""
+        key = (last, _audience(caller))
+        kept = self._pages.get(key)
+        if kept is not None:
+            self._pages.move_to_end(key)
+            return kept
+        reading = self._reading.get(key)
+        if reading is None:  # the first to want it reads it; the others wait for that
+            reading = asyncio.ensure_future(self._read_page(key, caller))
+            self._reading[key] = reading
+            reading.add_done_callback(lambda _done: self._reading.pop(key, None))
+        return await asyncio.shield(reading)
+
+    async def _read_page(self, key: tuple[int, str], caller: Caller) -> Page:
+        """Read and encoded off the event loop (the admissions' loop)."""
+        last = key[0]
+        async with self._catching_up:
+            events = await self._events.stored_since(last, limit=WATCH_PAGE)
+            page = await asyncio.to_thread(_encode_page, last, events, caller)
+        if page.events:
+            self._keep_page(key, page)
+        return page
+
+    def _keep_page(self, key: tuple[int, str], page: Page) -> None:
+        self._pages[key] = page
+        self._pages_bytes += page.size
+        while self._pages_bytes > PAGES_KEPT_BYTES and len(self._pages) > 1:
+            _key, dropped = self._pages.popitem(last=False)
+            self._pages_bytes -= dropped.size
+
+
+def window_s(window_ms: int) -> float:
+    """WatchEventsRequest.window_ms in seconds: 0 is the default, capped at 10 s."""
+    if window_ms <= 0:
+        return DEFAULT_WINDOW_S
+    return min(window_ms, MAX_WINDOW_MS) / 1000
