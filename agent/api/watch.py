@@ -31,6 +31,7 @@ WATCH_PAGE = 500  # events a watcher reads at a time
 WATCH_MAX_LAG = 10_000  # a live watcher's bounded send queue, in events
 CATCHUP_STREAMS = 4  # watchers reading a page from the store at a time
 ENCODED_KEPT = 20_000  # serialized recent events kept for the watchers
+INLINE_ENCODE_MAX = 32  # more events to encode at once than this go to a worker thread
 PAGES_KEPT_BYTES = 32 * 2**20  # encoded store pages kept for watchers catching up
 SLOT_HOLD_S = 0.5  # a catch-up send slot comes back after this even if its reader stalls
 DEFAULT_WINDOW_S = 0.05
@@ -49,11 +50,30 @@ class EncodedEvents:
         view = redact.event_view(event, caller)
         data = self._by_seq.get((event.seq, view))
         if data is None:
-            data = convert.event_to_pb(redact.event_as(event, view)).SerializeToString()
-            self._by_seq[(event.seq, view)] = data
-            if len(self._by_seq) > ENCODED_KEPT:
-                self._by_seq.popitem(last=False)
+            data = _encode(event, view)
+            self._keep(event.seq, view, data)
         return data
+
+    async def encode_page(self, events: list[Event], caller: Caller) -> list[bytes]:
+        """A page of events; many not yet encoded (a watcher reaching the ring with a
+        backlog) are encoded in a worker thread, not on the event loop."""
+        views = [redact.event_view(event, caller) for event in events]
+        pairs = zip(events, views, strict=True)
+        missing = [(e, v) for e, v in pairs if (e.seq, v) not in self._by_seq]
+        if len(missing) > INLINE_ENCODE_MAX:
+            encoded = await asyncio.to_thread(lambda: [_encode(e, v) for e, v in missing])
+            for (event, view), data in zip(missing, encoded, strict=True):
+                self._keep(event.seq, view, data)
+        return [self.encode(event, caller) for event in events]
+
+    def _keep(self, seq: int, view: int, data: bytes) -> None:
+        self._by_seq[(seq, view)] = data
+        if len(self._by_seq) > ENCODED_KEPT:
+            self._by_seq.popitem(last=False)
+
+
+def _encode(event: Event, view: int) -> bytes:
+    return convert.event_to_pb(redact.event_as(event, view)).SerializeToString()
 
 
 def _varint(value: int) -> bytes:
@@ -123,10 +143,7 @@ class Page:
 def _encode_page(last: int, events: list[Event], caller: Caller) -> Page:
     """Old events' bytes, not kept with the recent ones (the page keeps them), and the
     batch of them, made in a worker thread."""
-    encoded = [
-        convert.event_to_pb(redact.event_as(e, redact.event_view(e, caller))).SerializeToString()
-        for e in events
-    ]
+    encoded = [_encode(e, redact.event_view(e, caller)) for e in events]
     page = Page(events[-1].seq if events else last, encoded)
     page.batch()
     return page
@@ -190,7 +207,7 @@ class Watchers:
                     await asyncio.sleep(window_s)  # let a batch gather
                 continue
             last = events[-1].seq
-            yield Page(last, [self.wire.encode(event, caller) for event in events])
+            yield Page(last, await self.wire.encode_page(events, caller))
 
     async def _stored_page(self, last: int, caller: Caller) -> Page:
         """The page after ``last`` from the store, read and encoded once for everyone

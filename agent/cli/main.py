@@ -175,7 +175,7 @@ def _run_agent(settings: Settings) -> int:
     from agent.runtime.logs import setup_logging
 
     try:
-        app = App(settings)
+        app = App(settings, tune_memory=True)
         checks.prepare_state_dir(settings.paths.state_dir)
         setup_logging(level=settings.runtime.log_level, fmt=settings.runtime.log_format)
         return asyncio.run(app.run())

@@ -32,6 +32,7 @@ from agent.runtime.control import ControlLoops, build_control, connect_sim_count
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
 from agent.runtime.lock import InstanceLock
+from agent.runtime.memory import tune_gc
 from agent.runtime.node import NodeService
 from agent.runtime.notify import notify
 from agent.runtime.readiness import ineffective_ratio
@@ -61,8 +62,10 @@ class App:
         *,
         ports: Ports | None = None,
         clock: Callable[[], float] = time.time,
+        tune_memory: bool = False,
     ) -> None:
         checks.check_settings(settings)
+        self._tune_memory = tune_memory  # the process's GC settings: `gpushare serve` only
         self.settings = settings
         self.events = EventLog(clock=clock)
         self.ports = ports or build_ports(settings, self.events)
@@ -196,6 +199,8 @@ class App:
         for server in self.servers:
             await server.start()
         self._started = True
+        if self._tune_memory:
+            tune_gc()
         self.ready.set()
         notify(f"READY=1\nSTATUS=serving {len(self.devices)} device(s)\nMAINPID={os.getpid()}")
         log.info("agent ready (pid %d, socket %s)", os.getpid(), self.settings.unix_socket_path)
@@ -306,7 +311,8 @@ class App:
     # -- views -----------------------------------------------------------------------------
 
     def snapshot(self) -> NodeSnapshot:
-        sampler, node = self.sampler, self.node
+        sampler, node, control = self.sampler, self.node, self.control
+        leases = tuple(node.leases.values()) if node else ()
         ledger: tuple[DeviceLedger, ...] = ()
         stranded_bytes, stranded_pct = 0, 0.0
         if node is not None:
@@ -323,21 +329,19 @@ class App:
             latest_windows=tuple(sampler.latest_windows() if sampler else ()),
             telemetry_source=self.telemetry.name if self.telemetry else "",
             stale_devices=tuple(self._stale()),
-            leases=tuple(node.leases.values()) if node else (),
+            leases=leases,
             ledger=ledger,
             stranded_memory_bytes=stranded_bytes,
             stranded_thread_pct=stranded_pct,
             last_event_seq=self.events.last_seq,
             admission=node.admission_stats() if node else AdmissionStats(),
             retention_estimates=self._estimates(),
-            ineffective_ratio=ineffective_ratio(list(node.leases.values()), self.devices)
-            if node
-            else 0.0,
-            control_actions=dict(self.control.actions) if self.control else {},
-            degraded_devices=tuple(self.control.degradation.degraded()) if self.control else (),
-            lease_identity_mismatches_total=(
-                self.control.janitor.attributor.mismatches_total if self.control else 0
-            ),
+            ineffective_ratio=ineffective_ratio(leases, self.devices),
+            control_actions=dict(control.actions) if control else {},
+            degraded_devices=tuple(control.degradation.degraded()) if control else (),
+            lease_identity_mismatches_total=control.janitor.attributor.mismatches_total
+            if control
+            else 0,
         )
 
     def _estimates(self) -> dict[str, float]:

@@ -29,6 +29,7 @@ from agent.state.rows import (
 )
 
 T = TypeVar("T")
+R = TypeVar("R")
 MAX_PAGE = 10_000
 
 
@@ -72,10 +73,18 @@ class SqliteReader:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def query(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-        def run() -> list[tuple[Any, ...]]:
+        return await self.rows(sql, args, lambda row: row)
+
+    async def rows(
+        self, sql: str, args: Sequence[Any], convert: Callable[[tuple[Any, ...]], R]
+    ) -> list[R]:
+        """The rows of a query, each converted in the reader's thread (a page of events
+        parsed on the event loop would hold up the admissions)."""
+
+        def run() -> list[R]:
             assert self._db is not None
             try:
-                return list(self._db.execute(sql, tuple(args)).fetchall())
+                return [convert(row) for row in self._db.execute(sql, tuple(args)).fetchall()]
             except sqlite3.Error as exc:
                 raise StateError(f"cannot read the state store: {exc}") from exc
 
@@ -84,11 +93,11 @@ class SqliteReader:
     # -- what the store answers from this connection ---------------------------------------
 
     async def events_since(self, seq: int, *, limit: int) -> list[Event]:
-        rows = await self.query(
+        return await self.rows(
             f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
             (seq, min(limit, MAX_PAGE)),
+            event_from_row,
         )
-        return [event_from_row(r) for r in rows]
 
     async def first_event_seq(self) -> int:
         rows = await self.query("SELECT COALESCE(MIN(seq), 0) FROM events", ())
@@ -116,13 +125,15 @@ class SqliteReader:
         return [request_from_row(r) for r in rows][::-1]
 
     async def gang_leases(self, gang_id: str) -> list[Lease]:
-        rows = await self.query(f"{LEASE_SELECT} WHERE gang_id = ? LIMIT ?", (gang_id, MAX_PAGE))
-        return [lease_from_row(r) for r in rows]
+        return await self.rows(
+            f"{LEASE_SELECT} WHERE gang_id = ? LIMIT ?", (gang_id, MAX_PAGE), lease_from_row
+        )
 
     async def live_leases(self) -> list[Lease]:
         marks = ", ".join("?" * len(LIVE_STATES))
-        rows = await self.query(f"{LEASE_SELECT} WHERE state IN ({marks})", LIVE_STATES)
-        return [lease_from_row(row) for row in rows]
+        return await self.rows(
+            f"{LEASE_SELECT} WHERE state IN ({marks})", LIVE_STATES, lease_from_row
+        )
 
     async def history(self, *, since: float, limit: int) -> list[HistoryRow]:
         rows = await self.query(
