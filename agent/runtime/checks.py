@@ -159,9 +159,12 @@ def resolve_control_binary(settings: Settings, *, allow_fake: bool = False) -> s
 
 
 def _own_dir(key: str, path: str, mode: int) -> os.stat_result:
-    """Create ``path`` with ``mode`` if missing; its lstat, or a ConfigError naming ``key``."""
+    """Create ``path`` with ``mode`` if missing (exactly ``mode``: the agent's umask 077
+    would narrow it); its lstat, or a ConfigError naming ``key``."""
     try:
-        Path(path).mkdir(mode=mode, parents=True, exist_ok=True)
+        if not os.path.lexists(path):
+            Path(path).mkdir(mode=mode, parents=True, exist_ok=True)
+            os.chmod(path, mode)
         info = os.lstat(path)
     except OSError as exc:
         raise ConfigError(key, f"cannot create {path}: {exc.strerror}") from exc

@@ -125,10 +125,9 @@ class Transitions:
         if owner is not None:
             found = self._ledger.get(lease_id) or await self._store.lease(lease_id)
             _check_owner([found] if found else [], owner, f"lease {lease_id}")
-        reason = "released by the caller" if owner is None else f"released by {owner}"
         moved = await self._run(
             lambda: [lease_id],
-            lambda: self._moves([lease_id], LeaseState.RELEASED, reason),
+            lambda: self._moves([lease_id], LeaseState.RELEASED, "released by the caller"),
         )
         if moved:
             return moved[0]

@@ -77,3 +77,15 @@ def test_runtime_dir_that_others_can_write_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError):
         checks.prepare_runtime_dir(str(tmp_path / "file"))
+
+
+def test_a_new_runtime_dir_stays_traversable_under_the_agents_umask(tmp_path: Path) -> None:
+    """Clients reach their MPS pipe directory through it; `gpushare serve` runs with 077."""
+    previous = os.umask(0o077)
+    try:
+        checks.prepare_runtime_dir(str(tmp_path / "run"))
+        checks.prepare_state_dir(str(tmp_path / "state"))
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
