@@ -59,7 +59,7 @@ class Agent:
             "--set", "api.insecure_loopback=true",
             "--set", f"paths.runtime_dir={self.root}",
             "--set", f"paths.state_dir={self.root}/state",
-            "--set", "mps.probe_interval_s=0.5",
+            "--set", "mps.probe_interval_s=0.5", "--set", "runtime.on_stop=quit",
             "--log-level", "warning", *self.extra,
         ]  # fmt: skip
         with open(self.root / "agent.log", "ab") as log:

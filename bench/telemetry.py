@@ -57,6 +57,8 @@ def start_agent(root: Path, name: str, interval_s: float) -> subprocess.Popen[by
         f"telemetry.window_s={max(10.0, interval_s)}",
         "--set",
         "mps.probe_interval_s=3600",
+        "--set",
+        "runtime.on_stop=quit",
         "--log-level",
         "warning",
     ]

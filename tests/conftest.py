@@ -4,6 +4,7 @@ that no asyncio task outlives the test that started it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import AsyncIterator
 from functools import cache
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 
 UNIT_TIMEOUT_S = 5
+# Agents the tests start stop their MPS daemons with them (the production default keeps
+# them for the next agent); the tests of that default set runtime.on_stop themselves.
+os.environ.setdefault("GPUSHARE_RUNTIME_ON_STOP", "quit")
 
 
 @cache

@@ -36,6 +36,7 @@ def sim_settings(root: Path, **overrides: object) -> Settings:
         "api.http_listen": "127.0.0.1:0",
         "sim.enabled": True,
         "runtime.shutdown_grace_s": 5,
+        "runtime.on_stop": "quit",
     }
     values.update(overrides)
     return load_settings(overrides=values)

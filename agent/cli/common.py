@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ import click
 from agent.cli import exits
 from agent.cli.client import Endpoint, Where
 from agent.config import Settings, load_settings
+from agent.config.settings import SimSettings, simulation_paths
 from agent.core.errors import ConfigError
 
 DEFAULT_CONFIG = "/etc/gpushare/config.yaml"
@@ -44,12 +46,22 @@ def resolve_settings(ctx: click.Context, overrides: Mapping[str, Any] | None = N
         fail(f"configuration error: {exc}", exits.CONFIG)
 
 
+def local_socket(ctx: click.Context, settings: Settings) -> str:
+    """The agent's Unix socket; a simulated agent's (``serve --sim`` on default paths) when
+    no socket was named and no production agent listens."""
+    path = settings.unix_socket_path
+    if ctx.find_root().obj.get("socket") or settings.api.unix_socket or os.path.exists(path):
+        return path
+    sim = simulation_paths(dataclasses.replace(settings, sim=SimSettings(enabled=True)))
+    return sim.unix_socket_path if os.path.exists(sim.unix_socket_path) else path
+
+
 def resolve_endpoint(ctx: click.Context, settings: Settings) -> Where:
     """The agent to ask: ``--target`` with its TLS files and token, else the Unix socket."""
     given: dict[str, str | None] = ctx.find_root().obj.get("endpoint") or {}
     target = given.get("target")
     if not target:
-        return settings.unix_socket_path
+        return local_socket(ctx, settings)
     return Endpoint(
         target,
         ca_file=given.get("tls_ca") or "",

@@ -21,6 +21,7 @@ from agent.cli.common import CONTEXT, DEFAULT_CONFIG, fail, resolve_endpoint, re
 from agent.cli.render import isolation_lines, message_dict, table, to_json
 from agent.config import Settings, settings_as_dict
 from agent.config.loading import env_name, setting_fields
+from agent.config.settings import simulation_paths
 from agent.core.errors import (
     AlreadyRunningError,
     ConfigError,
@@ -117,6 +118,12 @@ def cli(
 )
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="runtime.log_format")
 @click.option(
+    "--on-stop",
+    type=click.Choice(["keep", "drain", "quit"]),
+    help="At SIGTERM: keep the MPS daemons running for the next agent (the default), drain "
+    "the leases first, or quit the daemons (runtime.on_stop).",
+)
+@click.option(
     "--set",
     "assignments",
     multiple=True,
@@ -131,6 +138,7 @@ def serve(
     tcp_listen: str | None,
     log_level: str | None,
     log_format: str | None,
+    on_stop: str | None,
     assignments: tuple[str, ...],
 ) -> None:
     """Run the agent in the foreground until SIGTERM or SIGINT.
@@ -147,13 +155,14 @@ def serve(
             "api.tcp_listen": tcp_listen,
             "runtime.log_level": log_level,
             "runtime.log_format": log_format,
+            "runtime.on_stop": on_stop,
         }
         flags.update({k: v for k, v in named.items() if v is not None})
         if sim is not None:
             flags["sim.enabled"] = True
             if sim != "-":
                 flags["sim.node_file"] = sim
-        settings = resolve_settings(ctx, flags)
+        settings = simulation_paths(resolve_settings(ctx, flags))
         sys.exit(_run_agent(settings))
     finally:
         os.umask(previous_umask)  # for a caller in the same process (tests)

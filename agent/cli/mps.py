@@ -12,7 +12,7 @@ import click
 
 from agent.cli import exits
 from agent.cli.client import AgentUnreachable, get_node
-from agent.cli.common import resolve_settings
+from agent.cli.common import local_socket, resolve_settings
 from agent.cli.render import message_dict, table, to_json
 from agent.config import Settings
 from agent.core.errors import GpushareError, MpsError
@@ -118,7 +118,11 @@ def mps() -> None:
 def mps_status(ctx: click.Context, direct: bool, as_json: bool, timeout_s: float) -> None:
     """Per device: daemon PID, up or down, restarts, defaults, servers and clients."""
     settings = resolve_settings(ctx.find_root())
-    rows = _direct(settings, timeout_s) if direct else _through_agent(settings, timeout_s)
+    rows = (
+        _direct(settings, timeout_s)
+        if direct
+        else _through_agent(local_socket(ctx, settings), timeout_s)
+    )
     if as_json:
         click.echo(to_json(rows))
         return
@@ -128,9 +132,9 @@ def mps_status(ctx: click.Context, direct: bool, as_json: bool, timeout_s: float
     click.echo(table(HEADERS, [_row(r) for r in rows]))
 
 
-def _through_agent(settings: Settings, timeout_s: float) -> list[dict[str, Any]]:
+def _through_agent(socket_path: str, timeout_s: float) -> list[dict[str, Any]]:
     try:
-        node = get_node(settings.unix_socket_path, timeout_s=timeout_s)
+        node = get_node(socket_path, timeout_s=timeout_s)
     except AgentUnreachable as exc:
         click.echo(f"gpushare: {exc}\n(try: gpushare mps status --direct)", err=True)
         sys.exit(exits.UNREACHABLE)

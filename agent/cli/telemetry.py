@@ -11,7 +11,7 @@ import click
 
 from agent.cli import exits
 from agent.cli.client import AgentUnreachable, get_node
-from agent.cli.common import resolve_settings
+from agent.cli.common import local_socket, resolve_settings
 from agent.cli.render import message_dict, table
 from agent.core.units import format_bytes
 
@@ -57,7 +57,7 @@ def telemetry(ctx: click.Context, follow: bool, as_json: bool, poll_s: float) ->
     first = True
     try:
         while True:
-            node = _node(settings.unix_socket_path)
+            node = _node(local_socket(ctx, settings))
             fresh = [w for w in node.latest_windows if (w.device_uuid, w.start_at) not in seen]
             seen.update((w.device_uuid, w.start_at) for w in fresh)
             _print(node, fresh, as_json=as_json, header=first)

@@ -9,6 +9,7 @@ without privileges.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from dataclasses import dataclass, field
@@ -325,6 +326,17 @@ class RuntimeSettings:
         "and child processes killed; the process exits within this time.",
         min=0.5,
     )
+    on_stop: str = _setting(
+        "keep",
+        "What a stop does to the MPS daemons: 'keep' (left running with their servers and "
+        "clients; the next agent adopts them), 'drain' (admissions refused, wait up to "
+        "runtime.drain_timeout_s for the leases to end, then quit) or 'quit' (stop them: "
+        "running jobs lose their MPS server). Also: serve --on-stop.",
+        choices=("keep", "drain", "quit"),
+    )
+    drain_timeout_s: float = _setting(
+        300.0, "With on_stop 'drain': how long to wait for the live leases to end.", min=0.0
+    )
     log_level: str = _setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     log_format: str = _setting("text", "Log line format.", choices=("text", "json"))
 
@@ -365,3 +377,23 @@ class Settings:
     @property
     def mps_root_dir(self) -> str:
         return self.mps.root_dir or f"{self.paths.runtime_dir}/mps"
+
+
+SIM_SUFFIX = "-sim"
+
+
+def simulation_paths(settings: Settings) -> Settings:
+    """A simulated node never shares the production paths: with ``sim.enabled``, a runtime
+    or state directory left at its default gets ``-sim`` appended (``/run/gpushare-sim``,
+    ``/var/lib/gpushare-sim`` as root); paths set explicitly are kept."""
+    if not settings.sim.enabled:
+        return settings
+    paths = settings.paths
+    runtime = paths.runtime_dir + SIM_SUFFIX if paths.runtime_dir == _runtime_dir() else None
+    state = paths.state_dir + SIM_SUFFIX if paths.state_dir == _state_dir() else None
+    return dataclasses.replace(
+        settings,
+        paths=dataclasses.replace(
+            paths, runtime_dir=runtime or paths.runtime_dir, state_dir=state or paths.state_dir
+        ),
+    )

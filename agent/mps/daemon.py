@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess  # noqa: TID251 (a daemon must outlive the agent: see DaemonProcess)
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,10 +84,16 @@ def clear_stale_files(pipe_dir: str) -> list[str]:
     return removed
 
 
-class DaemonProcess:
-    """A running daemon: our child, or one adopted from a previous agent (by PID)."""
+_LEFT_RUNNING: list[subprocess.Popen[bytes]] = []  # children kept for the next agent
 
-    def __init__(self, pid: int, process: asyncio.subprocess.Process | None = None) -> None:
+
+class DaemonProcess:
+    """A running daemon: our child, or one adopted from a previous agent (by PID).
+
+    A child is a plain ``subprocess.Popen``, not an asyncio subprocess: asyncio kills a
+    child whose transport is closed, and a daemon must be able to outlive the agent."""
+
+    def __init__(self, pid: int, process: subprocess.Popen[bytes] | None = None) -> None:
         self.pid = pid
         self._process = process
 
@@ -102,12 +109,12 @@ class DaemonProcess:
         # A quick local open; the daemon then writes its log straight into the file.
         with open(Path(paths.log_dir) / "control.log", "ab") as log_file:  # noqa: ASYNC230
             try:
-                process = await asyncio.create_subprocess_exec(
-                    binary,
-                    *args,
-                    stdin=asyncio.subprocess.DEVNULL,
+                process = await asyncio.to_thread(
+                    subprocess.Popen,
+                    [binary, *args],
+                    stdin=subprocess.DEVNULL,
                     stdout=log_file,
-                    stderr=asyncio.subprocess.STDOUT,
+                    stderr=subprocess.STDOUT,
                     env={**os.environ, **env},
                     start_new_session=True,
                     umask=DAEMON_UMASK,
@@ -116,9 +123,14 @@ class DaemonProcess:
                 raise MpsError(f"cannot start {binary}: {exc.strerror}") from exc
         return cls(process.pid, process)
 
+    def leave_running(self) -> None:
+        """The agent stops; the daemon does not (the next agent adopts it by its lock)."""
+        if self._process is not None:
+            _LEFT_RUNNING.append(self._process)  # never collected: no still-running warning
+
     def alive(self) -> bool:
         if self._process is not None:
-            return self._process.returncode is None
+            return self._process.poll() is None
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -129,11 +141,9 @@ class DaemonProcess:
 
     async def wait_exit(self) -> int | None:
         """Wait until the daemon exits; its status when it was our child."""
-        if self._process is not None:
-            return await self._process.wait()
-        while self.alive():  # noqa: ASYNC110 (not our child: no exit notification, so poll)
-            await asyncio.sleep(0.2)
-        return None
+        while self.alive():  # noqa: ASYNC110 (no exit notification without a child watcher)
+            await asyncio.sleep(0.1 if self._process is not None else 0.2)
+        return self._process.returncode if self._process is not None else None
 
     async def wait_exit_for(self, timeout_s: float) -> bool:
         try:

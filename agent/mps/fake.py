@@ -23,6 +23,7 @@ class FakeMpsManager:
         self._next_server = FIRST_SERVER_PID
         self.terminated: list[tuple[str, int, int]] = []  # (device, server, client)
         self.shut_down: list[tuple[str, int]] = []  # (device, server)
+        self.kept = False  # the last aclose left the daemons running
 
     async def start(self, devices: Sequence[Device]) -> None:
         for device in devices:
@@ -37,7 +38,10 @@ class FakeMpsManager:
     async def run(self) -> None:
         await asyncio.Event().wait()
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, keep: bool = False) -> None:
+        self.kept = keep
+        if keep:
+            return
         self._states = {
             uuid: MpsDaemonState(uuid, up=False, backend=self.backend, detail="stopped")
             for uuid in self._states

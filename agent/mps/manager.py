@@ -95,7 +95,12 @@ class SupervisedMpsManager:
             for uuid, supervisor in self.supervisors.items():
                 group.create_task(supervisor.run(), name=f"mps-supervisor-{uuid}")
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, keep: bool = False) -> None:
+        """Stop every daemon, or with ``keep`` leave them running for the next agent."""
+        if keep:
+            for supervisor in self.supervisors.values():
+                supervisor.leave_running()
+            return
         await asyncio.gather(*(s.stop() for s in self.supervisors.values()))
         with contextlib.suppress(OSError):
             os.rmdir(self._options.root_dir)  # only if no other daemon lives there

@@ -15,7 +15,9 @@ class MpsManager(Protocol):
 
     async def start(self, devices: Sequence[Device]) -> None: ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self, *, keep: bool = False) -> None:
+        """Stop the daemons; with ``keep`` leave them (and their jobs) running."""
+        ...
 
     async def run(self) -> None:
         """Keep the daemons healthy until cancelled (a supervised task)."""

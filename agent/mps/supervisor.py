@@ -334,6 +334,21 @@ class DaemonSupervisor:
         proc.remove_dirs(self.paths)
         self.detail = "stopped"
 
+    def leave_running(self) -> None:
+        """Stop supervising and leave the daemon, its servers, clients, directories and
+        compute mode as they are, for the next agent to adopt."""
+        process, self._process = self._process, None
+        self._up_since = None
+        if process is not None and process.alive():
+            process.leave_running()
+            self.follow_logs()
+            self.emit(
+                "mps.daemon_kept",
+                f"control daemon {process.pid} left running for the next agent",
+                pid=str(process.pid),
+            )
+        self.detail = "left running"
+
     # -- view ------------------------------------------------------------------------------
 
     def state(self) -> MpsDaemonState:

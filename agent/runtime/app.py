@@ -27,7 +27,7 @@ from agent.core.errors import GpushareError
 from agent.core.types import AdmissionStats, Device, DeviceLedger, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks, listeners
+from agent.runtime import checks, listeners, signals
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
@@ -37,7 +37,7 @@ from agent.runtime.node import NodeService
 from agent.runtime.notify import notify
 from agent.runtime.readiness import ineffective_ratio
 from agent.runtime.reaper import become_subreaper, orphan_reaper
-from agent.runtime.shutdown import ShutdownPlan, reap_children
+from agent.runtime.shutdown import ShutdownPlan, leases_ended, reap_children
 from agent.runtime.tasks import Supervisor
 from agent.runtime.wiring import (
     Ports,
@@ -83,7 +83,11 @@ class App:
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
         self.supervisor = Supervisor()
-        self.lock = InstanceLock(settings.unix_socket_path)
+        self.lock = InstanceLock(
+            settings.unix_socket_path,
+            state_dir=settings.paths.state_dir,
+            mps_root=settings.mps_root_dir,
+        )
         self.servers = self._grpc_servers(settings)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(AgentCollector(self.snapshot, self._telemetry_stats, clock=clock))
@@ -97,7 +101,7 @@ class App:
         self._shutdown = ShutdownPlan(grace_s=settings.runtime.shutdown_grace_s)
 
     def _grpc_servers(self, settings: Settings) -> list[GrpcServer]:
-        facade = NodeFacade(
+        self.facade = facade = NodeFacade(
             self.snapshot, lambda: self.node, lambda: self.control.janitor if self.control else None
         )
         api = settings.api
@@ -131,7 +135,7 @@ class App:
         self.lock.acquire()
         failure: str | None = "start-up did not finish"
         try:
-            self._install_signal_handlers()
+            signals.install(stop=self._on_signal, reload=self._on_reload)
             if await self._start_unless_stopped():
                 failure = await self.supervisor.wait(self._stop)
             else:
@@ -141,7 +145,7 @@ class App:
                 await self._stop_everything()
             finally:
                 self.lock.release()
-                self._remove_signal_handlers()
+                signals.remove()
         if failure is not None:
             log.error("agent stopped because %s", failure)
             return 1
@@ -287,6 +291,13 @@ class App:
 
     async def _stop_everything(self) -> None:
         self._stopping = True
+        mode, node = self.settings.runtime.on_stop, self.node
+        if mode == "drain" and node is not None and not self._shutdown.overran:
+            self.facade.closing = "the agent is stopping: draining its leases"
+            left = await leases_ended(
+                lambda: len(node.leases), timeout_s=self.settings.runtime.drain_timeout_s
+            )
+            log.info("drained: %d live lease(s) left", left)
         plan = self._shutdown
         plan.begin()
         notify("STOPPING=1")
@@ -297,14 +308,16 @@ class App:
         stuck = await self.supervisor.stop(timeout_s=plan.share(0.3))
         if stuck:
             log.warning("tasks still running after cancellation: %s", ", ".join(stuck))
-        await plan.step("stop MPS daemons", self.ports.mps.aclose())
+        keep = mode == "keep"
+        kept = [s.pid for s in self.ports.mps.states() if keep and s.up and s.pid]
+        await plan.step("stop MPS daemons", self.ports.mps.aclose(keep=keep))
         if self.telemetry is not None:
             await plan.step("close telemetry", self.telemetry.aclose())
         await plan.step("close GPU backend", self.ports.gpu.aclose())
         if self.store.writable():
             await plan.step("write the last events", self.events.flush_at_stop())
         await plan.step("close the state store", self.store.aclose())
-        await asyncio.to_thread(reap_children, timeout_s=max(plan.remaining(), 0.5))
+        await asyncio.to_thread(reap_children, timeout_s=max(plan.remaining(), 0.5), keep=kept)
         if plan.overran:
             log.warning("orderly stop incomplete: %s", ", ".join(plan.overran))
 
@@ -377,19 +390,6 @@ class App:
             self.sampler.errors_total,
             up=self.sampler.up,
         )
-
-    # -- signals ---------------------------------------------------------------------------
-
-    def _install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_signal, signum)
-        loop.add_signal_handler(signal.SIGHUP, self._on_reload)
-
-    def _remove_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(signum)
 
     def _on_reload(self) -> None:
         log.info("received SIGHUP: reloading the token and certificates")

@@ -23,6 +23,7 @@ class NodeFacade:
         self.snapshot = snapshot
         self._service = service
         self._janitor = janitor
+        self.closing: str | None = None  # why new leases are refused (a draining stop)
 
     @property
     def _node(self) -> NodeService:
@@ -38,13 +39,18 @@ class NodeFacade:
     def device(self, device_uuid: str) -> Device | None:
         return self._node.devices.get(device_uuid)
 
+    def _open(self) -> NodeService:
+        if self.closing is not None:
+            raise GpushareError(self.closing)  # UNAVAILABLE: the scheduler goes elsewhere
+        return self._node
+
     async def admit(
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
     ) -> AdmitResult:
-        return await self._node.admit(request, gang_id=gang_id, ttl_s=ttl_s)
+        return await self._open().admit(request, gang_id=gang_id, ttl_s=ttl_s)
 
     async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> BatchResult:
-        return await self._node.admit_batch(requests)
+        return await self._open().admit_batch(requests)
 
     async def explain(self, request: AdmissionRequest) -> AdmitResult:
         return await self._node.explain(request)

@@ -3,7 +3,8 @@
 Each orderly step gets what is left of the grace period; a step that overruns, or is still
 running when a second signal forces the stop, is abandoned (logged, and listed in
 ``overran``) and the next one runs. Whatever child process is still alive at the end is
-sent SIGTERM, then SIGKILL, so the agent never leaves processes behind.
+sent SIGTERM, then SIGKILL, so the agent leaves no process behind but the MPS daemons it
+was told to keep (``runtime.on_stop: keep``) and their servers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any
 
 import psutil
@@ -65,9 +66,14 @@ class ShutdownPlan:
             log.error("shutdown step '%s' failed: %r; moving on", name, exc, exc_info=exc)
 
 
-def reap_children(*, timeout_s: float) -> list[int]:
-    """Terminate, then kill, every descendant process. Returns the PIDs that had to go."""
-    children = psutil.Process().children(recursive=True)
+def reap_children(*, timeout_s: float, keep: Collection[int] = ()) -> list[int]:
+    """Terminate, then kill, every descendant process but those in ``keep`` and theirs (MPS
+    daemons left running). Returns the PIDs that had to go."""
+    kept = set(keep)
+    for pid in keep:
+        with contextlib.suppress(psutil.Error):
+            kept |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    children = [c for c in psutil.Process().children(recursive=True) if c.pid not in kept]
     if not children:
         return []
     for child in children:
@@ -88,3 +94,12 @@ def _name(child: psutil.Process) -> str:
         return child.name()
     except psutil.Error:
         return "?"
+
+
+async def leases_ended(live: Callable[[], int], *, timeout_s: float) -> int:
+    """Wait until ``live()`` is 0 or ``timeout_s`` passed; the count left."""
+    deadline = time.monotonic() + timeout_s
+    while (left := live()) and time.monotonic() < deadline:
+        log.info("draining: %d live lease(s), %.0f s left", left, deadline - time.monotonic())
+        await asyncio.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+    return live()

@@ -69,7 +69,19 @@ def test_clear_stale_lists_then_terminates_a_dead_client_once(root: Path) -> Non
         status = json.loads(cli(root, "status", "--json").stdout)
         device = status["devices"][0]["uuid"]
         pipe_dir = f"{root}/mps/{device}/pipe"
-        server = fake_front_end(pipe_dir, f"fake_connect_client {DEAD_PID} {os.getuid()}")
+        connected: list[str] = []
+
+        def connect() -> bool:  # the daemon may be between probes or restarting under load
+            try:
+                connected.append(
+                    fake_front_end(pipe_dir, f"fake_connect_client {DEAD_PID} {os.getuid()}")
+                )
+            except subprocess.CalledProcessError:
+                return False
+            return True
+
+        until(connect)
+        server = connected[0]
         wanted = f"would terminate client {DEAD_PID} of server {server} on {device}: process gone"
         until(lambda: wanted in cli(root, "clear-stale", "--dry-run").stdout)
         again = cli(root, "clear-stale", "--dry-run")

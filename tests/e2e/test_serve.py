@@ -154,8 +154,32 @@ def test_second_agent_on_the_same_socket_refuses(root: Path) -> None:
             check=False,
         )
         assert second.returncode == 3
-        assert f"pid {agent.pid}" in second.stderr and "already serving" in second.stderr
+        assert f"pid {agent.pid}" in second.stderr and "already uses the socket" in second.stderr
         assert status_json(root).returncode == 0, "the first agent still answers"
+    finally:
+        code, _took, err = stop(agent, signal.SIGTERM)
+    assert code == 0, err
+
+
+def test_a_second_agent_on_another_socket_touches_nothing_of_the_first(root: Path) -> None:
+    agent = serve(root)
+    try:
+        before = wait_for_devices(root, agent)
+        second = subprocess.run(
+            agent_command(
+                "--socket", str(root / "other.sock"), "serve", "--sim", "--http-listen", "",
+                "--set", f"paths.runtime_dir={root}", "--set", f"paths.state_dir={root}/state",
+            ),
+            env=subprocess_env(), capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert second.returncode == 3, second.stderr
+        assert f"pid {agent.pid}" in second.stderr and str(root / "agent.sock") in second.stderr
+        assert "already uses the state directory" in second.stderr
+        assert not (root / "other.sock").exists()
+        after = json.loads(status_json(root).stdout)
+        pids = [[d["pid"] for d in node["mps"]] for node in (before, after)]  # type: ignore[index, attr-defined]
+        assert pids[0] == pids[1], "the first agent's daemons were replaced"
+        assert "no lease" not in second.stderr and "migrat" not in second.stderr
     finally:
         code, _took, err = stop(agent, signal.SIGTERM)
     assert code == 0, err
