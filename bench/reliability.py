@@ -5,7 +5,9 @@ load, faults and hostile input, in one run.
   duplicated (against the SQLite store) and memory-invariant violations (checked
   continuously through GetNode) must all be 0;
 - faults: kill -9 of the agent under load, again and again (every acknowledged lease must
-  survive each restart); kill -9 of MPS control daemons (the supervisor restarts them; the
+  survive each restart); SIGTERM restarts under load with a job connected to each device's
+  MPS server (bench/graceful.py: no daemon replaced, no client cut off, nothing lost);
+  kill -9 of MPS control daemons (the supervisor restarts them; the
   device refuses leases meanwhile); the telemetry endpoint gone and back; the state
   directory made read-only and writable again (admissions must fail closed, then recover);
 - bad input: malformed and hostile requests across every RPC, with good, bad and no tokens:
@@ -40,6 +42,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from graceful import restarts_graceful
 from harness import (
     TOKEN,
     Agent,
@@ -303,6 +306,7 @@ async def main_async(size: dict[str, int]) -> dict[str, Any]:
     steps = (
         ("load", lambda r: load(r, size)),
         ("restarts", lambda r: restarts(r, size)),
+        ("restarts_graceful", lambda r: restarts_graceful(r, size)),
         ("mps", lambda r: mps_kills(r, size)),
         ("telemetry", telemetry_gone),
         ("unwritable", unwritable_store),
@@ -328,6 +332,9 @@ def main() -> None:
         result["load"]["lost"] == result["load"]["duplicated"] == 0
         and result["load"]["invariant_violations"] == 0
         and result["restarts"]["lost"] == result["restarts"]["duplicated"] == 0
+        and result["restarts_graceful"]["mps_daemons_replaced"] == 0
+        and result["restarts_graceful"]["clients_cut_off"] == 0
+        and result["restarts_graceful"]["lost"] == result["restarts_graceful"]["duplicated"] == 0
         and result["bad_input"]["internal_or_unknown"] == result["bad_input"]["crashes"] == 0
         and all(result["security"][key] == 0 for key in SECURITY_COUNTS)
     )

@@ -1,5 +1,6 @@
 """The reliability suite at its CI size: the real agent under load, kill -9 restarts, MPS
-daemon kills, a vanished telemetry endpoint, an unwritable store and hostile input."""
+daemon kills, a vanished telemetry endpoint, an unwritable store, hostile input, SIGTERM
+restarts that keep the MPS daemons and their clients, and the security probes."""
 
 from __future__ import annotations
 
@@ -41,3 +42,12 @@ def test_the_small_reliability_run_holds() -> None:
     bad = result["bad_input"]
     assert bad["hostile_requests"] >= 1000
     assert bad["internal_or_unknown"] == bad["crashes"] == 0
+    graceful = result["restarts_graceful"]
+    assert graceful["jobs"] == 4 and graceful["acknowledged"] > 0
+    assert graceful["mps_daemons_replaced"] == graceful["clients_cut_off"] == 0
+    security = result["security"]
+    assert all(security[k] == 0 for k in (
+        "unauthenticated_accepted", "plaintext_token_accepted", "forged_identity_actions",
+        "foreign_release_accepted", "world_writable_files",
+    ))  # fmt: skip
+    assert security["calls"] > 0 and security["foreign_calls"] > 0
