@@ -64,6 +64,7 @@ class NodeService:
         self.gate = gate
         self.retention = retention or Retention()
         self._store = store
+        self._events = events
         self._sizes = list(sizes)
         self._mps_states = mps_states
         self._clock = clock
@@ -95,10 +96,6 @@ class NodeService:
         records = {(r.tenant, r.request_id): r for r in recent}
         live = await self._store.live_leases()
         for lease in live:
-            if lease.device_uuid not in self.devices:
-                log.warning(
-                    "lease %s is on device %s, which is gone", lease.lease_id, lease.device_uuid
-                )
             key = (lease.tenant, lease.request_id)
             record = records.pop(key, None) or await self._store.request_record(*key)
             self.ledger.restore(lease, record)
@@ -107,10 +104,29 @@ class NodeService:
         # Ids of ended leases beyond what memory holds are asked of the store.
         self.ledger.requests_complete = len(recent) <= REQUESTS_KEPT
         await self.availability.load()
+        await self.fail_leases_of_gone_devices()
         expired = await self.expire_reservations()
         log.info(
             "ledger: %d live lease(s) restored, %d reservation(s) expired", len(live), len(expired)
         )
+
+    async def fail_leases_of_gone_devices(self) -> list[Lease]:
+        """Leases on a device this node no longer has (a GPU gone, MIG repartitioned) are
+        failed, each with a ``lease.device_gone`` event, instead of haunting no ledger."""
+        gone = [x for x in self.ledger.live.values() if x.device_uuid not in self.devices]
+        for lease in gone:
+            log.warning(
+                "lease %s is on device %s, which is gone", lease.lease_id, lease.device_uuid
+            )
+            self._events(
+                "lease.device_gone",
+                f"lease {lease.lease_id} was on device {lease.device_uuid}, which this node "
+                "no longer has: failed",
+                device_uuid=lease.device_uuid,
+                lease_id=lease.lease_id,
+            )
+        ids = [x.lease_id for x in gone]
+        return await self.end_leases(ids, LeaseState.FAILED, "its device is gone") if ids else []
 
     # -- the read model --------------------------------------------------------------------
 
