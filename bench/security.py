@@ -161,7 +161,7 @@ async def foreign(root: Path, pki: Pki, leases: int = 20) -> dict[str, int]:
             "foreign_calls": leases + 3}  # fmt: skip
 
 
-def victim_and_liar(env_lease_id: str) -> subprocess.Popen[bytes]:
+def liar_process(env_lease_id: str) -> subprocess.Popen[bytes]:
     """A real process whose environment names ``env_lease_id`` (the forged hint)."""
     env = {**os.environ, "GPUSHARE_LEASE_ID": env_lease_id}
     return subprocess.Popen(["sleep", "60"], env=env)
@@ -181,7 +181,7 @@ async def forged_identity(root: Path) -> dict[str, int]:
                                    workload=f"pod:{uuid.uuid4()}")  # fmt: skip
         victim = (await app.node.admit(request)).lease
         assert victim is not None
-        liar = victim_and_liar(victim.lease_id)
+        liar = liar_process(victim.lease_id)
         try:
             await asyncio.sleep(0.2)  # exec'd, with its environment
             device = app.devices[0].uuid

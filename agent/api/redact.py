@@ -16,11 +16,11 @@ from dataclasses import replace
 
 from agent.api.identity import Caller
 from agent.api.proto import agent_pb2 as pb
+from agent.core.lease import LEASE_ID_PATTERN
 from agent.core.types import Event
 
 HIDDEN = "l-hidden"
-# "l-" and 16 characters of token_urlsafe(12) (see agent.runtime.admitting)
-_LEASE_ID = re.compile(r"l-[A-Za-z0-9_-]{16}(?![A-Za-z0-9_-])")
+_LEASE_ID = re.compile(LEASE_ID_PATTERN + r"(?![A-Za-z0-9_-])")
 FULL, OWN, FOREIGN = 0, 1, 2  # how much of an event a caller sees
 _PRIVATE_ATTRS = ("owner", "request_id")
 

@@ -5,8 +5,7 @@ then follows the ring, woken once per published batch. Each event is serialized 
 view (see :mod:`agent.api.redact`) for every watcher that sends it; a page read from the
 store is read and encoded once for every watcher that catches up over it (the pages are
 kept, bounded in bytes), and only a few watchers read the store at a time, never while
-they send; a few send a stored page at a time (the admissions share the event loop).
-A live watcher more than ``WATCH_MAX_LAG`` events behind is ended with
+they send. A live watcher more than ``WATCH_MAX_LAG`` events behind is ended with
 RESOURCE_EXHAUSTED, naming where to resume. A batch stream sends at most one message per
 window, so a thousand watchers cost a thousand messages per window, not per event.
 """
@@ -14,7 +13,6 @@ window, so a thousand watchers cost a thousand messages per window, not per even
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,7 +31,6 @@ CATCHUP_STREAMS = 4  # watchers reading a page from the store at a time
 ENCODED_KEPT = 20_000  # serialized recent events kept for the watchers
 INLINE_ENCODE_MAX = 32  # more events to encode at once than this go to a worker thread
 PAGES_KEPT_BYTES = 32 * 2**20  # encoded store pages kept for watchers catching up
-SLOT_HOLD_S = 0.5  # a catch-up send slot comes back after this even if its reader stalls
 DEFAULT_WINDOW_S = 0.05
 MAX_WINDOW_MS = 10_000
 _BATCH_EVENTS_TAG = b"\x0a"  # EventBatch.events: field 1, length-delimited
@@ -47,7 +44,9 @@ class EncodedEvents:
         self._by_seq: OrderedDict[tuple[int, int], bytes] = OrderedDict()
 
     def encode(self, event: Event, caller: Caller = LOCAL) -> bytes:
-        view = redact.event_view(event, caller)
+        return self._encoded(event, redact.event_view(event, caller))
+
+    def _encoded(self, event: Event, view: int) -> bytes:
         data = self._by_seq.get((event.seq, view))
         if data is None:
             data = _encode(event, view)
@@ -57,14 +56,13 @@ class EncodedEvents:
     async def encode_page(self, events: list[Event], caller: Caller) -> list[bytes]:
         """A page of events; many not yet encoded (a watcher reaching the ring with a
         backlog) are encoded in a worker thread, not on the event loop."""
-        views = [redact.event_view(event, caller) for event in events]
-        pairs = zip(events, views, strict=True)
+        pairs = [(event, redact.event_view(event, caller)) for event in events]
         missing = [(e, v) for e, v in pairs if (e.seq, v) not in self._by_seq]
         if len(missing) > INLINE_ENCODE_MAX:
             encoded = await asyncio.to_thread(lambda: [_encode(e, v) for e, v in missing])
             for (event, view), data in zip(missing, encoded, strict=True):
                 self._keep(event.seq, view, data)
-        return [self.encode(event, caller) for event in events]
+        return [self._encoded(event, view) for event, view in pairs]
 
     def _keep(self, seq: int, view: int, data: bytes) -> None:
         self._by_seq[(seq, view)] = data
@@ -90,34 +88,6 @@ def _varint(value: int) -> bytes:
 def batch_bytes(page: list[bytes]) -> bytes:
     """An EventBatch of already serialized events, without parsing them again."""
     return b"".join(_BATCH_EVENTS_TAG + _varint(len(data)) + data for data in page)
-
-
-class Slots:
-    """A semaphore whose slot comes back when its holder is done or after ``hold_s``,
-    whichever is first: catch-up sends take turns, and a reader that stops reading (its
-    send never completes) cannot keep a slot from the others."""
-
-    def __init__(self, count: int, hold_s: float) -> None:
-        self._free = asyncio.Semaphore(count)
-        self._hold_s = hold_s
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        await self._free.acquire()
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self._free.release()
-
-        timer = asyncio.get_running_loop().call_later(self._hold_s, release)
-        try:
-            yield
-        finally:
-            timer.cancel()
-            release()
 
 
 @dataclass(slots=True)
@@ -159,7 +129,6 @@ class Watchers:
         self._events = events
         self.wire = EncodedEvents()
         self._catching_up = asyncio.Semaphore(CATCHUP_STREAMS)
-        self._sending = Slots(CATCHUP_STREAMS, SLOT_HOLD_S)
         self._pages: OrderedDict[tuple[int, str], Page] = OrderedDict()
         self._pages_bytes = 0
         self._reading: dict[tuple[int, str], asyncio.Future[Page]] = {}
@@ -188,8 +157,7 @@ class Watchers:
                 page = await self._stored_page(last, caller)
                 last = page.last
                 if page.events:
-                    async with self._sending.slot():  # a few catch-up sends at a time
-                        yield page
+                    yield page
                 else:  # nothing stored past it (never expected): go on from the ring
                     last = max(last, self._events.oldest_seq - 1)
                 continue

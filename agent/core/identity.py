@@ -21,13 +21,15 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from agent.core.lease import LEASE_ID_PATTERN
+
 # ``kubepods-burstable-pod<uid, "_" for "-">.slice``, ``kubelet-kubepods-pod<uid>.slice``
 _POD_SLICE = re.compile(r"^(?:[a-z]+-)*kubepods(?:-[a-z]+)*-pod([0-9a-f_]{32,36})\.slice$")
 _POD_DIR = re.compile(r"^pod([0-9a-f-]{32,36})$")  # cgroupfs: /kubepods/burstable/pod<uid>
 _CONTAINER_SCOPE = re.compile(r"^(?:cri-containerd|crio|docker|libpod)-([0-9a-f]{64})\.scope$")
 _CONTAINER_DIR = re.compile(r"^([0-9a-f]{64})$")  # cgroupfs: a 64-hex segment
 _UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]+\.(?:service|scope)$")
-_LEASE_ID = re.compile(r"(l-[A-Za-z0-9_-]{16})")  # as lease ids are made (agent.runtime.admitting)
+_LEASE_ID = re.compile(f"({LEASE_ID_PATTERN})")
 RUNTIME_SERVICES = frozenset(
     {"containerd.service", "docker.service", "crio.service", "kubelet.service", "k3s.service"}
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -39,6 +40,14 @@ class LeaseState(enum.StrEnum):
     def holds_capacity(self) -> bool:
         """Reserved, admitted and ready leases hold memory and threads on their device."""
         return self in (LeaseState.RESERVED, LeaseState.ADMITTED, LeaseState.READY)
+
+
+LEASE_ID_PATTERN = r"l-[A-Za-z0-9_-]{16}"  # "l-" and 12 random bytes, URL-safe base64
+
+
+def new_lease_id() -> str:
+    """A fresh lease id (unguessable: a lease id is what Release names)."""
+    return "l-" + secrets.token_urlsafe(12)
 
 
 _S = LeaseState

@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.admission.attributes import admission_attributes, readiness_order
 from agent.admission.policy import DeviceView, RetentionGate, Rules, decide
 from agent.core.errors import ConflictError, GpushareError, PermissionDeniedError, StateError
-from agent.core.lease import Lease, LeaseState, transition
+from agent.core.lease import Lease, LeaseState, new_lease_id, transition
 from agent.core.types import (
     AdmissionRequest,
     AdmitResult,
@@ -233,7 +232,7 @@ class Admissions:
         reserved = gang_id is not None
         o = self.options
         return Lease(
-            lease_id="l-" + secrets.token_urlsafe(12),
+            lease_id=new_lease_id(),
             request_id=request.request_id,
             tenant=request.tenant,
             trust_domain=request.trust_domain,
