@@ -5,7 +5,11 @@ then follows the ring, woken once per published batch. Each event is serialized 
 view (see :mod:`agent.api.redact`) for every watcher that sends it; a page read from the
 store is read and encoded once for every watcher that catches up over it (the pages are
 kept, bounded in bytes), and only a few watchers read the store at a time, never while
-they send. A live watcher more than ``WATCH_MAX_LAG`` events behind is ended with
+they send. A watcher with a backlog in the ring shares its pages the same way. Pages are
+encoded by one thread of their own, which hands the interpreter back every
+``ENCODE_CHUNK`` events, so that a catch-up never starves the event loop or the store's
+writer (50 watchers catching up in the default pool of worker threads stalled Admit for
+over a second). A live watcher more than ``WATCH_MAX_LAG`` events behind is ended with
 RESOURCE_EXHAUSTED, naming where to resume. A batch stream sends at most one message per
 window, so a thousand watchers cost a thousand messages per window, not per event.
 """
@@ -13,8 +17,10 @@ window, so a thousand watchers cost a thousand messages per window, not per even
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +35,9 @@ WATCH_PAGE = 500  # events a watcher reads at a time
 WATCH_MAX_LAG = 10_000  # a live watcher's bounded send queue, in events
 CATCHUP_STREAMS = 4  # watchers reading a page from the store at a time
 ENCODED_KEPT = 20_000  # serialized recent events kept for the watchers
-INLINE_ENCODE_MAX = 32  # more events to encode at once than this go to a worker thread
+INLINE_ENCODE_MAX = 32  # a larger backlog is encoded by the page encoder, not inline
+ENCODE_CHUNK = 50  # events the page encoder encodes between two pauses (about 0.7 ms)
+ENCODE_PAUSE_S = 0.0002  # the pause: long enough for a waiting thread to take the GIL
 PAGES_KEPT_BYTES = 32 * 2**20  # encoded store pages kept for watchers catching up
 DEFAULT_WINDOW_S = 0.05
 MAX_WINDOW_MS = 10_000
@@ -53,16 +61,8 @@ class EncodedEvents:
             self._keep(event.seq, view, data)
         return data
 
-    async def encode_page(self, events: list[Event], caller: Caller) -> list[bytes]:
-        """A page of events; many not yet encoded (a watcher reaching the ring with a
-        backlog) are encoded in a worker thread, not on the event loop."""
-        pairs = [(event, redact.event_view(event, caller)) for event in events]
-        missing = [(e, v) for e, v in pairs if (e.seq, v) not in self._by_seq]
-        if len(missing) > INLINE_ENCODE_MAX:
-            encoded = await asyncio.to_thread(lambda: [_encode(e, v) for e, v in missing])
-            for (event, view), data in zip(missing, encoded, strict=True):
-                self._keep(event.seq, view, data)
-        return [self._encoded(event, view) for event, view in pairs]
+    def encode_all(self, events: list[Event], caller: Caller) -> list[bytes]:
+        return [self.encode(event, caller) for event in events]
 
     def _keep(self, seq: int, view: int, data: bytes) -> None:
         self._by_seq[(seq, view)] = data
@@ -111,9 +111,14 @@ class Page:
 
 
 def _encode_page(last: int, events: list[Event], caller: Caller) -> Page:
-    """Old events' bytes, not kept with the recent ones (the page keeps them), and the
-    batch of them, made in a worker thread."""
-    encoded = [_encode(e, redact.event_view(e, caller)) for e in events]
+    """A page's bytes (kept with the page, not with the recent events) and its batch, made
+    by the page encoder in pieces, pausing between them."""
+    encoded: list[bytes] = []
+    for start in range(0, len(events), ENCODE_CHUNK):
+        if start:
+            time.sleep(ENCODE_PAUSE_S)
+        chunk = events[start : start + ENCODE_CHUNK]
+        encoded.extend(_encode(e, redact.event_view(e, caller)) for e in chunk)
     page = Page(events[-1].seq if events else last, encoded)
     page.batch()
     return page
@@ -132,6 +137,7 @@ class Watchers:
         self._pages: OrderedDict[tuple[int, str], Page] = OrderedDict()
         self._pages_bytes = 0
         self._reading: dict[tuple[int, str], asyncio.Future[Page]] = {}
+        self._encoder: ThreadPoolExecutor | None = None
 
     async def begin(self, since_seq: int, context: Any) -> int:
         """The seq a stream starts after; OUT_OF_RANGE beyond the last event; the first
@@ -154,7 +160,7 @@ class Watchers:
             change = self._events.change()
             if last + 1 < self._events.oldest_seq:
                 live = False
-                page = await self._stored_page(last, caller)
+                page = await self._shared_page(last, caller)
                 last = page.last
                 if page.events:
                     yield page
@@ -168,6 +174,12 @@ class Watchers:
                     f"resume with since_seq={last}",
                 )
             live = True
+            if self._events.last_seq - last > INLINE_ENCODE_MAX:
+                page = await self._shared_page(last, caller, from_ring=True)
+                if page.events:
+                    last = page.last
+                    yield page
+                    continue
             events = self._events.since(last, limit=WATCH_PAGE)
             if not events:
                 await change.wait()
@@ -175,11 +187,12 @@ class Watchers:
                     await asyncio.sleep(window_s)  # let a batch gather
                 continue
             last = events[-1].seq
-            yield Page(last, await self.wire.encode_page(events, caller))
+            yield Page(last, self.wire.encode_all(events, caller))
 
-    async def _stored_page(self, last: int, caller: Caller) -> Page:
-        """The page after ``last`` from the store, read and encoded once for everyone
-        who sees it the same way; the store is read by a few watchers at a time."""
+    async def _shared_page(self, last: int, caller: Caller, *, from_ring: bool = False) -> Page:
+        """The page after ``last`` (from the store, or from the ring), read and encoded
+        once for everyone who sees it the same way; the store is read by a few watchers at
+        a time. A kept page may be shorter than a full one: it ends where it says."""
         key = (last, _audience(caller))
         kept = self._pages.get(key)
         if kept is not None:
@@ -187,7 +200,8 @@ class Watchers:
             return kept
         reading = self._reading.get(key)
         if reading is None:  # the first to want it reads it; the others wait for that
-            reading = asyncio.ensure_future(self._read_page(key, caller))
+            read = self._ring_page if from_ring else self._read_page
+            reading = asyncio.ensure_future(read(key, caller))
             self._reading[key] = reading
             reading.add_done_callback(lambda _done: self._reading.pop(key, None))
         return await asyncio.shield(reading)
@@ -197,10 +211,22 @@ class Watchers:
         last = key[0]
         async with self._catching_up:
             events = await self._events.stored_since(last, limit=WATCH_PAGE)
-            page = await asyncio.to_thread(_encode_page, last, events, caller)
+            page = await self._encode(last, events, caller)
         if page.events:
             self._keep_page(key, page)
         return page
+
+    async def _ring_page(self, key: tuple[int, str], caller: Caller) -> Page:
+        page = await self._encode(key[0], self._events.since(key[0], limit=WATCH_PAGE), caller)
+        if page.events:
+            self._keep_page(key, page)
+        return page
+
+    async def _encode(self, last: int, events: list[Event], caller: Caller) -> Page:
+        if self._encoder is None:
+            self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watch-encode")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._encoder, _encode_page, last, events, caller)
 
     def _keep_page(self, key: tuple[int, str], page: Page) -> None:
         self._pages[key] = page

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import gc
 
-GC_THRESHOLDS = (50_000, 20, 20)
+GC_THRESHOLDS = (10_000, 5, 100)
 
 
 def tune_gc() -> None:
-    """Once started: what start-up made is frozen (full collections skip it), and young
-    collections run every 50,000 allocations instead of 700, so the many short-lived
-    objects of a busy event stream die before they are promoted. Full collections of
-    about 100,000 objects took 100 to 150 ms while 50 watchers caught up over 100,000
-    events (bench/admission.py); with these settings one short catch-up run saw a worst
-    Admit of 49 ms, but full runs still see stalls of 1 to 2 s (docs/benchmarks.md)."""
+    """Once started: what start-up made is frozen (full collections skip it); young
+    collections run every 10,000 allocations instead of 700, middle ones every 5 young
+    ones, full ones rarely. Every gRPC call leaves a few cyclic objects (grpc.aio's method
+    lookup), so young collections never stop. Measured with bench/admission.py's fill and
+    catch-up: 50,000 young allocations made young collections of 80 to 96 ms; these
+    settings keep young ones under 15 ms, with a full collection (about 100 ms) once a
+    minute or so under load."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
