@@ -9,7 +9,8 @@ they send. A watcher with a backlog in the ring shares its pages the same way. P
 encoded by one thread of their own, which hands the interpreter back every
 ``ENCODE_CHUNK`` events, so that a catch-up never starves the event loop or the store's
 writer (50 watchers catching up in the default pool of worker threads stalled Admit for
-over a second). A live watcher more than ``WATCH_MAX_LAG`` events behind is ended with
+over a second). A watcher is live once it is within ``WATCH_MAX_LAG`` events of the last
+one; a live watcher that falls more than that behind is ended with
 RESOURCE_EXHAUSTED, naming where to resume. A batch stream sends at most one message per
 window, so a thousand watchers cost a thousand messages per window, not per event.
 """
@@ -173,7 +174,7 @@ class Watchers:
                     f"this watcher fell {self._events.last_seq - last} events behind; "
                     f"resume with since_seq={last}",
                 )
-            live = True
+            live = live or self._events.last_seq - last <= WATCH_MAX_LAG
             if self._events.last_seq - last > INLINE_ENCODE_MAX:
                 page = await self._shared_page(last, caller, from_ring=True)
                 if page.events:

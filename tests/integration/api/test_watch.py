@@ -107,6 +107,21 @@ async def test_a_live_watcher_too_far_behind_is_told_where_to_resume(
     assert f"resume with since_seq={seen.seq}" in (ended.value.details() or "")
 
 
+async def test_a_watcher_catching_up_through_the_ring_is_not_ended(
+    feed: Feed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind by more than the bound when it reaches the ring, but never caught up yet: it
+    reads on (50 watchers were all ended this way once catch-up got faster)."""
+    monkeypatch.setattr(watch, "WATCH_MAX_LAG", 5)
+    monkeypatch.setattr(watch, "WATCH_PAGE", 4)
+    events, _store, stub = feed
+    await publish(events, 30)  # all in the ring (capacity 20, kept up to 40)
+    stream = stub.WatchEvents(pb.WatchEventsRequest(since_seq=0))
+    got = await take(stream, 30)
+    assert [e.seq for e in got] == list(range(1, 31))
+    stream.cancel()
+
+
 async def test_batches_catch_up_dense_then_gather_live_events(feed: Feed) -> None:
     events, _store, stub = feed
     await publish(events, 1200)
