@@ -89,6 +89,9 @@ class AgentService(pb_grpc.AgentServicer):
         self._max_batch = max_batch
         self._watchers = watch.Watchers(events)
 
+    def close(self) -> None:
+        self._watchers.close()
+
     async def _admin_only(self, context: Context, name: str) -> None:
         if not self._admin:
             await context.abort(

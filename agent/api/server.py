@@ -117,3 +117,4 @@ class GrpcServer:
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace_s)
         self._server = None
+        self._service.close()

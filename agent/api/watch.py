@@ -6,13 +6,14 @@ view (see :mod:`agent.api.redact`) for every watcher that sends it; a page read 
 store is read and encoded once for every watcher that catches up over it (the pages are
 kept, bounded in bytes), and only a few watchers read the store at a time, never while
 they send. A watcher with a backlog in the ring shares its pages the same way. Pages are
-encoded by one thread of their own, which hands the interpreter back every
-``ENCODE_CHUNK`` events, so that a catch-up never starves the event loop or the store's
-writer (50 watchers catching up in the default pool of worker threads stalled Admit for
-over a second). A watcher is live once it is within ``WATCH_MAX_LAG`` events of the last
-one; a live watcher that falls more than that behind is ended with
-RESOURCE_EXHAUSTED, naming where to resume. A batch stream sends at most one message per
-window, so a thousand watchers cost a thousand messages per window, not per event.
+encoded by one thread per listener, which pauses every ``ENCODE_CHUNK`` events so that
+the event loop and the store's writer can take the interpreter lock (50 watchers catching
+up in the default pool of worker threads stalled Admit for over a second;
+docs/benchmarks.md has the figures since). A watcher is live once it is within
+``WATCH_MAX_LAG`` events of the last one; a live watcher that falls more than that behind
+is ended with RESOURCE_EXHAUSTED, naming where to resume. A batch stream sends at most one
+message per window, so a thousand watchers cost a thousand messages per window, not per
+event.
 """
 
 from __future__ import annotations
@@ -61,9 +62,6 @@ class EncodedEvents:
             data = _encode(event, view)
             self._keep(event.seq, view, data)
         return data
-
-    def encode_all(self, events: list[Event], caller: Caller) -> list[bytes]:
-        return [self.encode(event, caller) for event in events]
 
     def _keep(self, seq: int, view: int, data: bytes) -> None:
         self._by_seq[(seq, view)] = data
@@ -188,7 +186,7 @@ class Watchers:
                     await asyncio.sleep(window_s)  # let a batch gather
                 continue
             last = events[-1].seq
-            yield Page(last, self.wire.encode_all(events, caller))
+            yield Page(last, [self.wire.encode(event, caller) for event in events])
 
     async def _shared_page(self, last: int, caller: Caller, *, from_ring: bool = False) -> Page:
         """The page after ``last`` (from the store, or from the ring), read and encoded
@@ -201,24 +199,20 @@ class Watchers:
             return kept
         reading = self._reading.get(key)
         if reading is None:  # the first to want it reads it; the others wait for that
-            read = self._ring_page if from_ring else self._read_page
-            reading = asyncio.ensure_future(read(key, caller))
+            reading = asyncio.ensure_future(self._make_page(key, caller, from_ring))
             self._reading[key] = reading
             reading.add_done_callback(lambda _done: self._reading.pop(key, None))
         return await asyncio.shield(reading)
 
-    async def _read_page(self, key: tuple[int, str], caller: Caller) -> Page:
-        """Read and encoded off the event loop (the admissions' loop)."""
+    async def _make_page(self, key: tuple[int, str], caller: Caller, from_ring: bool) -> Page:
+        """Read (a few watchers at a time from the store) and encoded off the event loop."""
         last = key[0]
-        async with self._catching_up:
-            events = await self._events.stored_since(last, limit=WATCH_PAGE)
-            page = await self._encode(last, events, caller)
-        if page.events:
-            self._keep_page(key, page)
-        return page
-
-    async def _ring_page(self, key: tuple[int, str], caller: Caller) -> Page:
-        page = await self._encode(key[0], self._events.since(key[0], limit=WATCH_PAGE), caller)
+        if from_ring:
+            page = await self._encode(last, self._events.since(last, limit=WATCH_PAGE), caller)
+        else:
+            async with self._catching_up:
+                events = await self._events.stored_since(last, limit=WATCH_PAGE)
+                page = await self._encode(last, events, caller)
         if page.events:
             self._keep_page(key, page)
         return page
@@ -228,6 +222,12 @@ class Watchers:
             self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="watch-encode")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._encoder, _encode_page, last, events, caller)
+
+    def close(self) -> None:
+        """Stops the page encoder (a page being encoded is abandoned)."""
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=False, cancel_futures=True)
+            self._encoder = None
 
     def _keep_page(self, key: tuple[int, str], page: Page) -> None:
         self._pages[key] = page
