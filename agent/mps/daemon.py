@@ -140,9 +140,22 @@ class DaemonProcess:
         return not _is_zombie(self.pid)
 
     async def wait_exit(self) -> int | None:
-        """Wait until the daemon exits; its status when it was our child."""
-        while self.alive():  # noqa: ASYNC110 (no exit notification without a child watcher)
-            await asyncio.sleep(0.1 if self._process is not None else 0.2)
+        """Wait until the daemon exits; its status when it was our child.
+
+        A process file descriptor becomes readable when the process ends (child or not),
+        so nothing polls; where the kernel has none, the process table is polled."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        try:
+            if pidfd is not None and self.alive():
+                await _readable(pidfd)
+            while self.alive():  # noqa: ASYNC110 (no pidfd: no exit notification)
+                await asyncio.sleep(0.1 if self._process is not None else 0.2)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
         return self._process.returncode if self._process is not None else None
 
     async def wait_exit_for(self, timeout_s: float) -> bool:
@@ -162,6 +175,21 @@ class DaemonProcess:
     async def kill(self) -> None:
         self.send(signal.SIGKILL)
         await self.wait_exit_for(5.0)
+
+
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 def _is_zombie(pid: int) -> bool:
