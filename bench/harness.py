@@ -43,6 +43,7 @@ class Agent:
     tcp_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    entry: tuple[str, ...] = ("-m", "agent")  # or a script that wraps the agent
 
     @property
     def unix(self) -> str:
@@ -52,7 +53,7 @@ class Agent:
         (self.root / "token").write_text(TOKEN)
         (self.root / "token").chmod(0o600)  # the agent refuses a token others can read
         args = [
-            sys.executable, "-m", "agent", "--socket", str(self.root / "agent.sock"), "serve",
+            sys.executable, *self.entry, "--socket", str(self.root / "agent.sock"), "serve",
             "--sim", "--http-listen", f"127.0.0.1:{self.http_port}",
             "--tcp-listen", f"127.0.0.1:{self.tcp_port}",
             "--set", f"api.token_file={self.root / 'token'}",
