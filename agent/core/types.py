@@ -265,6 +265,7 @@ class MpsDaemonState:
     servers: tuple[MpsServerState, ...] = ()
     defaults_drift_total: int = 0
     pipe_permission_violations_total: int = 0  # mode or owner changes found at probes
+    answering: bool = True  # False from the first unanswered probe to the next answered one
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,16 @@ class FakeGpuBackend:
     async def aclose(self) -> None:
         self.started = False
 
+    def unplug(self, uuid: str) -> Device:
+        """The device is no longer listed (a GPU off the bus); :meth:`plug` brings it back."""
+        device = next(d for d in self._devices if d.uuid == uuid)
+        self._devices.remove(device)
+        return device
+
+    def plug(self, device: Device) -> None:
+        self._devices.append(device)
+        self._devices.sort(key=lambda d: d.index)
+
     async def list_devices(self) -> list[Device]:
         if self.fail_with is not None:
             raise self.fail_with

@@ -198,6 +198,22 @@ def _is_zombie(pid: int) -> bool:
     return False
 
 
+def exit_text(status: int | None) -> str:
+    """How a daemon ended, in words: ``None`` is an adopted daemon (not our child)."""
+    if status is None:
+        return "exited (adopted, so its exit status is unknown)"
+    if status < 0:
+        return f"was killed by signal {-status} ({_signal_name(-status)})"
+    return f"exited with status {status}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
+
+
 async def stop_ladder(
     process: DaemonProcess, *, quit_sent: bool, term_wait_s: float, quit_wait_s: float, device: str
 ) -> str:

@@ -88,6 +88,7 @@ class DaemonSupervisor:
         self._servers: tuple[MpsServerState, ...] = ()
         self.restarts = 0
         self.drift_total = 0
+        self.answering = True
         self.pipes: PipeWatch | None = None
         self.detail = "not started"
 
@@ -119,9 +120,6 @@ class DaemonSupervisor:
         holder = proc.lock_holder(self.paths.pipe_dir)
         if holder:
             self._process = proc.DaemonProcess(holder)
-            self.emit(
-                "mps.daemon_adopted", f"adopted live control daemon {holder}", pid=str(holder)
-            )
         else:
             removed = proc.clear_stale_files(self.paths.pipe_dir)
             if removed:
@@ -140,11 +138,12 @@ class DaemonSupervisor:
             raise
         self._up_since = time.monotonic()
         self.detail = ""
-        self.emit(
-            "mps.daemon_started",
-            f"control daemon {self._process.pid} up",
-            pid=str(self._process.pid),
-        )
+        self.answering = True
+        pid = self._process.pid
+        if self._process.adopted:
+            self.emit("mps.daemon_adopted", f"adopted live control daemon {pid}", pid=str(pid))
+        else:
+            self.emit("mps.daemon_started", f"control daemon {pid} up", pid=str(pid))
 
     def _pipe_watch(self) -> PipeWatch:
         if self.pipes is None:
@@ -227,8 +226,9 @@ class DaemonSupervisor:
                 await asyncio.wait([exited], timeout=self.options.probe_interval_s)
                 self.follow_logs()
                 if exited.done():
-                    return f"daemon {self._process.pid} exited (status {exited.result()})"
+                    return f"daemon {self._process.pid} {proc.exit_text(exited.result())}"
                 misses = 0 if await self.probe() else misses + 1
+                self.answering = misses == 0  # closed to admission from the first miss
                 if misses >= self.options.hung_after_probes:
                     return f"daemon {self._process.pid} hung: {misses} probes unanswered"
         finally:
@@ -365,4 +365,5 @@ class DaemonSupervisor:
             servers=self._servers,
             defaults_drift_total=self.drift_total,
             pipe_permission_violations_total=self.pipes.violations_total if self.pipes else 0,
+            answering=self.answering,
         )

@@ -44,6 +44,9 @@ class Availability:
         if device.sharing_mode is SharingMode.MPS and (daemon is None or not daemon.up):
             why = daemon.detail if daemon is not None else "no daemon"
             return ReasonCode.DEVICE_UNAVAILABLE, f"MPS control daemon is down ({why})"
+        if device.sharing_mode is SharingMode.MPS and daemon is not None and not daemon.answering:
+            why = daemon.detail or "a probe went unanswered"
+            return ReasonCode.DEVICE_UNAVAILABLE, f"MPS control daemon does not answer ({why})"
         return None, ""
 
     def close(self, device_uuid: str, source: str, reason: ReasonCode, detail: str) -> None:

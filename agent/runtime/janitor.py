@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import psutil
 
-from agent.core.errors import GpushareError
+from agent.core.errors import GpuError, GpushareError
 from agent.core.lease import LeaseState
 from agent.core.types import Event, ReasonCode
 from agent.gpu.port import GpuBackend
@@ -39,6 +39,7 @@ from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 
 log = logging.getLogger(__name__)
+GONE_DETAIL = "the device is gone from the node"
 FAULT_EVENTS = ("mps.server_fatal", "gpu.xid", "gpu.ecc_double_bit", "gpu.fatal_poison")
 
 
@@ -81,6 +82,7 @@ class Janitor:
         self._interval_s = interval_s
         self._memory = Memory()
         self._faults: dict[str, str] = {}
+        self._gone: set[str] = set()  # devices no longer listed by the GPU backend
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self.actions = actions
@@ -108,6 +110,8 @@ class Janitor:
     async def pass_once(self, *, dry_run: bool) -> list[str]:
         """One pass; what it did (or, with ``dry_run``, would do)."""
         async with self._lock:
+            if not dry_run:
+                await self._check_presence()
             facts = await self._facts()
             actions, memory = plan(facts, self._memory, self._policy)
             listed = [a.description for a in actions]
@@ -125,11 +129,35 @@ class Janitor:
                 await self._apply(action)
             return listed
 
+    async def _check_presence(self) -> None:
+        """A device gone from the node at run time (a GPU off the bus, MIG repartitioned)
+        is closed to new leases and its leases are failed; one listed again reopens."""
+        try:
+            present = {d.uuid for d in await self._gpu.list_devices()}
+        except GpuError as exc:
+            log.warning("janitor: cannot list the devices: %s", exc)
+            return
+        gone = set(self._node.devices) - present
+        for uuid in sorted(gone - self._gone):
+            log.error("device %s is gone from the node: closed, its leases failed", uuid)
+            self._node.close(uuid, "gone", ReasonCode.DEVICE_UNAVAILABLE, GONE_DETAIL)
+            self._events(
+                "device.gone", f"{GONE_DETAIL}: closed, its leases failed", device_uuid=uuid
+            )
+        for uuid in sorted(self._gone - gone):
+            self._node.reopen(uuid, "gone")
+            self._events("device.back", "listed again: open to new leases", device_uuid=uuid)
+        self._gone = gone
+        if gone:
+            await self._node.fail_leases_of_gone_devices(gone)
+
     async def _facts(self) -> Facts:
         await self._mps.refresh()
         daemons = self._mps.states()
         nvml = {
-            uuid: await self._gpu.processes(device) for uuid, device in self._node.devices.items()
+            uuid: await self._gpu.processes(device)
+            for uuid, device in self._node.devices.items()
+            if uuid not in self._gone
         }
         pids = [c for d in daemons for s in d.servers for c in s.client_pids]
         pids += [p.pid for listed in nvml.values() for p in listed]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from agent.admission.capacity import StandardSize, Stranded, stranded
 from agent.admission.policy import DeviceView, RetentionGate, Rules
@@ -110,10 +110,15 @@ class NodeService:
             "ledger: %d live lease(s) restored, %d reservation(s) expired", len(live), len(expired)
         )
 
-    async def fail_leases_of_gone_devices(self) -> list[Lease]:
-        """Leases on a device this node no longer has (a GPU gone, MIG repartitioned) are
-        failed, each with a ``lease.device_gone`` event, instead of haunting no ledger."""
-        gone = [x for x in self.ledger.live.values() if x.device_uuid not in self.devices]
+    async def fail_leases_of_gone_devices(self, gone_uuids: Collection[str] = ()) -> list[Lease]:
+        """Leases on a device this node no longer has (a GPU gone, MIG repartitioned; at
+        start, or ``gone_uuids`` found at run time) are failed, each with a
+        ``lease.device_gone`` event, instead of haunting no ledger."""
+        gone = [
+            x
+            for x in self.ledger.live.values()
+            if x.device_uuid not in self.devices or x.device_uuid in gone_uuids
+        ]
         for lease in gone:
             log.warning(
                 "lease %s is on device %s, which is gone", lease.lease_id, lease.device_uuid

@@ -53,3 +53,37 @@ async def test_a_lease_on_a_vanished_device_is_failed_with_an_event(root: Path) 
             ["lease.device_gone", "lease.failed"],
             ["lease.failed", "lease.device_gone"],
         )
+
+
+async def test_a_device_gone_at_run_time_is_closed_and_its_leases_failed(root: Path) -> None:
+    settings = sim_settings(root, **{"estimator.model_dir": "none"})
+    gpus = ports(2)
+    async with running_app(settings, gpus) as app:
+        assert app.node is not None and app.control is not None
+        await app.node.drain(app.devices[0].uuid, "keep the lease off device 0")
+        request = AdmissionRequest("r-1", "t", "t", PriorityClass.BURSTABLE, 8 * GIB, 25)
+        lease = (await app.node.admit(request)).lease
+        assert lease is not None and lease.device_uuid == app.devices[1].uuid
+        unplugged = gpus.gpu.unplug(lease.device_uuid)  # type: ignore[attr-defined]
+        await app.control.janitor.pass_once(dry_run=False)
+        assert lease.lease_id not in app.node.leases
+        stored = await app.store.lease(lease.lease_id)
+        assert stored is not None and stored.state is LeaseState.FAILED
+        assert stored.reason == "its device is gone"
+        ledger = {x.device_uuid: x for x in app.snapshot().ledger}[lease.device_uuid]
+        assert (ledger.closed, ledger.closed_detail) == (
+            "DEVICE_UNAVAILABLE",
+            "the device is gone from the node",
+        )
+        refused = await app.node.admit(
+            AdmissionRequest("r-2", "t", "t", PriorityClass.BURSTABLE, 8 * GIB, 25)
+        )
+        assert not refused.decision.admitted
+        gpus.gpu.plug(unplugged)  # type: ignore[attr-defined]
+        await app.control.janitor.pass_once(dry_run=False)
+        ledger = {x.device_uuid: x for x in app.snapshot().ledger}[lease.device_uuid]
+        assert ledger.closed == ""
+        assert await app.events.flush()
+        kinds = [e.kind for e in app.events.since(0) if e.device_uuid == lease.device_uuid]
+        assert {"device.gone", "lease.device_gone", "lease.failed", "device.back"} <= set(kinds)
+        assert kinds.index("device.gone") < kinds.index("device.back")

@@ -91,6 +91,8 @@ async def test_kill_9_brings_a_new_daemon_with_the_same_defaults_within_5_s(root
         assert read_defaults(supervisor) == ("40.0", "20G")
         assert supervisor.restarts == 1 and took_s < 5.0
         assert {"mps.daemon_down", "mps.daemon_restarted"} <= set(events.kinds())
+    down = [m for kind, m, _a in events.events if kind == "mps.daemon_down"]
+    assert down[0] == f"daemon {old} was killed by signal 9 (SIGKILL)"
 
 
 async def test_stopped_daemon_is_found_hung_and_replaced_while_the_loop_stays_free(
@@ -124,6 +126,27 @@ async def test_stopped_daemon_is_found_hung_and_replaced_while_the_loop_stays_fr
         assert read_defaults(supervisor) == ("40.0", "20G")
 
 
+async def test_a_stopped_daemon_stops_answering_at_the_first_failed_probe(root: Path) -> None:
+    """Closed to admission (``answering`` false) long before it is declared hung."""
+    assert REAL_BINARY
+    supervisor, _events, _gpu = make_supervisor(REAL_BINARY, root, hung_after_probes=20)
+    async with supervised(supervisor):
+        stopped = supervisor.state().pid
+        assert stopped and supervisor.state().answering
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            await wait_for(lambda: not supervisor.state().answering, 5.0)
+            took_s = time.monotonic() - started
+            assert supervisor.up, "not yet replaced: only closed to admission"
+            assert took_s < 0.2 + 1.0 + 1.0  # one probe interval, one control timeout, slack
+            os.kill(stopped, signal.SIGCONT)
+            await wait_for(lambda: supervisor.state().answering, 5.0)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert supervisor.state().pid == stopped
+
+
 async def test_stale_files_of_a_killed_daemon_are_cleaned_and_start_succeeds(root: Path) -> None:
     assert REAL_BINARY
     supervisor, events, _gpu = make_supervisor(REAL_BINARY, root)
@@ -155,7 +178,8 @@ async def test_a_live_daemon_is_adopted_not_disturbed(root: Path) -> None:
     subprocess.run([REAL_BINARY, "-d"], env={**os.environ, **supervisor.env}, check=True)
     await wait_for((pipe / "control").exists, 3.0)
     async with supervised(supervisor):
-        assert "mps.daemon_adopted" in events.kinds()
+        assert events.kinds().count("mps.daemon_adopted") == 1
+        assert "mps.daemon_started" not in events.kinds(), "adopted, not started"
         assert "mps.stale_files_removed" not in events.kinds()
         assert read_defaults(supervisor) == ("40.0", "20G")
         adopted = supervisor.state().pid
