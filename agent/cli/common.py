@@ -5,20 +5,22 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from agent.cli import exits
 from agent.cli.client import Endpoint, Where
 from agent.config import Settings, load_settings
-from agent.config.settings import SimSettings, simulation_paths
+from agent.config.loading import simulation_paths
+from agent.config.settings import SimSettings
 from agent.core.errors import ConfigError
 
 DEFAULT_CONFIG = "/etc/gpushare/config.yaml"
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -70,3 +72,33 @@ def resolve_endpoint(ctx: click.Context, settings: Settings) -> Where:
         token_file=given.get("token_file") or "",
         server_name=given.get("tls_server_name") or "",
     )
+
+
+def sim_option(help_text: str) -> Callable[[F], F]:
+    """``--sim [NODE.yaml]``: a simulated node (4 x H100 80GB, or NODE.yaml's devices)."""
+    return click.option(
+        "--sim", "sim", is_flag=False, flag_value="-", default=None, metavar="[NODE.yaml]",
+        help=help_text,
+    )  # fmt: skip
+
+
+def set_option(example: str) -> Callable[[F], F]:
+    return click.option(
+        "--set", "assignments", multiple=True, metavar="KEY=VALUE",
+        help=f"Override any setting, e.g. --set {example} (repeatable).",
+    )  # fmt: skip
+
+
+def assignments(items: tuple[str, ...], sim: str | None = None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items (and ``--sim``) as setting overrides; exits 2 on a bad one."""
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--set expects KEY=VALUE (got {item!r})", exits.CONFIG)
+        result[key.strip()] = value
+    if sim is not None:
+        result["sim.enabled"] = True
+        if sim != "-":
+            result["sim.node_file"] = sim
+    return result

@@ -17,11 +17,19 @@ import yaml
 from agent import __version__
 from agent.cli import exits
 from agent.cli.client import AgentUnreachable, get_node
-from agent.cli.common import CONTEXT, DEFAULT_CONFIG, fail, resolve_endpoint, resolve_settings
+from agent.cli.common import (
+    CONTEXT,
+    DEFAULT_CONFIG,
+    fail,
+    resolve_endpoint,
+    resolve_settings,
+    set_option,
+    sim_option,
+)
+from agent.cli.common import assignments as parse_assignments
 from agent.cli.render import isolation_lines, message_dict, table, to_json
 from agent.config import Settings, settings_as_dict
-from agent.config.loading import env_name, setting_fields
-from agent.config.settings import simulation_paths
+from agent.config.loading import env_name, setting_fields, simulation_paths
 from agent.core.errors import (
     AlreadyRunningError,
     ConfigError,
@@ -94,15 +102,7 @@ def cli(
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option(
-    "--sim",
-    "sim",
-    is_flag=False,
-    flag_value="-",
-    default=None,
-    metavar="[NODE.yaml]",
-    help="Run on a simulated node: 4 x H100 80GB, or the devices in NODE.yaml.",
-)
+@sim_option("Run on a simulated node: 4 x H100 80GB, or the devices in NODE.yaml.")
 @click.option(
     "--http-listen",
     metavar="HOST:PORT",
@@ -123,13 +123,7 @@ def cli(
     help="At SIGTERM: keep the MPS daemons running for the next agent (the default), drain "
     "the leases first, or quit the daemons (runtime.on_stop).",
 )
-@click.option(
-    "--set",
-    "assignments",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override any setting, e.g. --set telemetry.window_s=5 (repeatable).",
-)
+@set_option("telemetry.window_s=5")
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -149,7 +143,7 @@ def serve(
     # (the socket narrows it to 0660 at bind, the MPS directories set their own modes).
     previous_umask = os.umask(SERVE_UMASK)
     try:
-        flags = _assignments(assignments)
+        flags = parse_assignments(assignments, sim)
         named = {
             "api.http_listen": http_listen,
             "api.tcp_listen": tcp_listen,
@@ -158,24 +152,10 @@ def serve(
             "runtime.on_stop": on_stop,
         }
         flags.update({k: v for k, v in named.items() if v is not None})
-        if sim is not None:
-            flags["sim.enabled"] = True
-            if sim != "-":
-                flags["sim.node_file"] = sim
         settings = simulation_paths(resolve_settings(ctx, flags))
         sys.exit(_run_agent(settings))
     finally:
         os.umask(previous_umask)  # for a caller in the same process (tests)
-
-
-def _assignments(items: tuple[str, ...]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"--set expects KEY=VALUE (got {item!r})", exits.CONFIG)
-        result[key.strip()] = value
-    return result
 
 
 def _run_agent(settings: Settings) -> int:

@@ -153,3 +153,12 @@ def _direct(settings: Settings, timeout_s: float) -> list[dict[str, Any]]:
         sys.exit(exits.FAILURE)
     states = asyncio.run(read_all(binary, root, daemon_dirs(root), timeout_s))
     return [asdict(s) for s in states]
+
+
+def _add_host() -> None:
+    from agent.cli.mpshost import mps_host
+
+    mps.add_command(mps_host)
+
+
+_add_host()

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from agent.config import settings as defaults
 from agent.config.settings import CONFIG_VERSION, Settings
 from agent.core.errors import ConfigError
 
@@ -197,3 +198,24 @@ def _check_consistency(settings: Settings) -> None:
 def settings_as_dict(settings: Settings) -> dict[str, Any]:
     """The effective settings as a plain, versioned mapping (what ``config show`` prints)."""
     return {"version": CONFIG_VERSION, **dataclasses.asdict(settings)}
+
+
+SIM_SUFFIX = "-sim"
+
+
+def simulation_paths(settings: Settings) -> Settings:
+    """A simulated node never shares the production paths: with ``sim.enabled``, a runtime
+    or state directory left at its default gets ``-sim`` appended (``/run/gpushare-sim``,
+    ``/var/lib/gpushare-sim`` as root); paths set explicitly are kept."""
+    if not settings.sim.enabled:
+        return settings
+    paths = settings.paths
+    default_runtime, default_state = defaults.default_runtime_dir(), defaults.default_state_dir()
+    runtime = paths.runtime_dir + SIM_SUFFIX if paths.runtime_dir == default_runtime else None
+    state = paths.state_dir + SIM_SUFFIX if paths.state_dir == default_state else None
+    return dataclasses.replace(
+        settings,
+        paths=dataclasses.replace(
+            paths, runtime_dir=runtime or paths.runtime_dir, state_dir=state or paths.state_dir
+        ),
+    )

@@ -9,7 +9,6 @@ without privileges.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 from dataclasses import dataclass, field
@@ -27,14 +26,14 @@ def _setting(default: Any, doc: str, **rules: Any) -> Any:
     return field(default=default, metadata={"doc": doc, **rules})
 
 
-def _runtime_dir() -> str:
+def default_runtime_dir() -> str:
     if os.geteuid() == 0:
         return "/run/gpushare"
     base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
     return f"{base}/gpushare-{os.geteuid()}"
 
 
-def _state_dir() -> str:
+def default_state_dir() -> str:
     if os.geteuid() == 0:
         return "/var/lib/gpushare"
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
@@ -44,7 +43,7 @@ def _state_dir() -> str:
 @dataclass(frozen=True, slots=True)
 class PathSettings:
     runtime_dir: str = _setting(
-        _runtime_dir(),
+        default_runtime_dir(),
         "Directory for the CLI socket, the instance lock and MPS pipe directories.",
         default_doc="/run/gpushare (root) or $XDG_RUNTIME_DIR/gpushare-<uid>",
     )
@@ -56,7 +55,7 @@ class PathSettings:
         choices=("full", "normal"),
     )
     state_dir: str = _setting(
-        _state_dir(),
+        default_state_dir(),
         "Directory for durable state (the lease store).",
         default_doc="/var/lib/gpushare (root) or $XDG_STATE_HOME/gpushare",
     )
@@ -164,6 +163,15 @@ class MpsSettings:
     )
     multi_user: bool = _setting(
         False, "Start daemons in multi-user mode (-M); refused if the binary lacks it."
+    )
+    launch: str = _setting(
+        "agent",
+        "Who starts the control daemons. 'agent': the agent starts them (and adopts live "
+        "ones). 'host': `gpushare mps host`, a process of its own (its own DaemonSet with "
+        "updateStrategy OnDelete, or its own systemd unit), starts and keeps them; the agent "
+        "adopts, configures and watches them and never starts or stops one, so replacing "
+        "the agent never restarts a daemon.",
+        choices=("agent", "host"),
     )
 
 
@@ -377,23 +385,3 @@ class Settings:
     @property
     def mps_root_dir(self) -> str:
         return self.mps.root_dir or f"{self.paths.runtime_dir}/mps"
-
-
-SIM_SUFFIX = "-sim"
-
-
-def simulation_paths(settings: Settings) -> Settings:
-    """A simulated node never shares the production paths: with ``sim.enabled``, a runtime
-    or state directory left at its default gets ``-sim`` appended (``/run/gpushare-sim``,
-    ``/var/lib/gpushare-sim`` as root); paths set explicitly are kept."""
-    if not settings.sim.enabled:
-        return settings
-    paths = settings.paths
-    runtime = paths.runtime_dir + SIM_SUFFIX if paths.runtime_dir == _runtime_dir() else None
-    state = paths.state_dir + SIM_SUFFIX if paths.state_dir == _state_dir() else None
-    return dataclasses.replace(
-        settings,
-        paths=dataclasses.replace(
-            paths, runtime_dir=runtime or paths.runtime_dir, state_dir=state or paths.state_dir
-        ),
-    )

@@ -46,6 +46,7 @@ class SupervisorOptions:
     client_gid: int = -1
     client_group: str = ""
     multi_user: bool = False
+    by_host: bool = False  # mps.launch 'host': adopt only, never start or stop a daemon
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,8 @@ class DaemonSupervisor:
         self._skip_old_log_lines()
         await self._set_exclusive(self.device, True)
         holder = proc.lock_holder(self.paths.pipe_dir)
+        if not holder and self.options.by_host:
+            holder = await self._wait_for_host()
         if holder:
             self._process = proc.DaemonProcess(holder)
         else:
@@ -144,6 +147,18 @@ class DaemonSupervisor:
             self.emit("mps.daemon_adopted", f"adopted live control daemon {pid}", pid=str(pid))
         else:
             self.emit("mps.daemon_started", f"control daemon {pid} up", pid=str(pid))
+
+    async def _wait_for_host(self) -> int:
+        deadline = time.monotonic() + self.options.start_timeout_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            if holder := proc.lock_holder(self.paths.pipe_dir):
+                return holder
+        raise MpsError(
+            f"no control daemon in {self.paths.pipe_dir} within "
+            f"{self.options.start_timeout_s:g} s: with mps.launch 'host' it is started by "
+            "`gpushare mps host`, which must run on this node"
+        )
 
     def _pipe_watch(self) -> PipeWatch:
         if self.pipes is None:
@@ -311,7 +326,11 @@ class DaemonSupervisor:
     # -- stop ------------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """quit -t, wait, SIGTERM, SIGKILL; compute mode back to default; directories gone."""
+        """quit -t, wait, SIGTERM, SIGKILL; compute mode back to default; directories gone.
+        A daemon of the MPS host is the host's to stop: it is left running."""
+        if self.options.by_host:
+            self.leave_running()
+            return
         process, self._process = self._process, None
         self._up_since = None
         if process is not None and process.alive():

@@ -46,14 +46,17 @@ class Ports:
     store: StateStore | None = None  # None: the SQLite store at settings.state_db_path
 
 
-def build_ports(settings: Settings, events: EventLog) -> Ports:
+def build_gpu(settings: Settings) -> GpuBackend:
+    """The simulated node's devices on --sim, else NVML's."""
     if settings.sim.enabled:
-        spec = checks.load_sim_spec(settings.sim.node_file)
-        gpu: GpuBackend = FakeGpuBackend(spec.devices)
-    else:
-        from agent.gpu.nvml import NvmlGpuBackend
+        return FakeGpuBackend(checks.load_sim_spec(settings.sim.node_file).devices)
+    from agent.gpu.nvml import NvmlGpuBackend
 
-        gpu = NvmlGpuBackend()
+    return NvmlGpuBackend()
+
+
+def build_ports(settings: Settings, events: EventLog) -> Ports:
+    gpu = build_gpu(settings)
     return Ports(
         gpu=gpu,
         mps=build_mps_manager(settings, gpu, events),
@@ -111,9 +114,10 @@ class SimCounters:
         return device_counters(loads)
 
 
-def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:
+def supervisor_options(settings: Settings) -> SupervisorOptions:
+    """How the node's MPS daemons are run: by the agent, and by ``gpushare mps host``."""
     m = settings.mps
-    options = SupervisorOptions(
+    return SupervisorOptions(
         binary=checks.resolve_control_binary(settings),
         root_dir=settings.mps_root_dir,
         probe_interval_s=m.probe_interval_s,
@@ -125,7 +129,13 @@ def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> 
         client_gid=m.client_gid,
         client_group=m.client_group,
         multi_user=m.multi_user,
+        by_host=m.launch == "host",
     )
+
+
+def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> MpsManager:
+    m = settings.mps
+    options = supervisor_options(settings)
     defaults = DaemonDefaults(m.default_thread_pct, checks.memory_limit_bytes(settings))
 
     def channel(_device: Device, env: Mapping[str, str]) -> ControlChannel:

@@ -10,7 +10,8 @@ import pytest
 
 from agent.cli.common import local_socket
 from agent.config import load_settings
-from agent.config.settings import PathSettings, simulation_paths
+from agent.config.loading import simulation_paths
+from agent.config.settings import PathSettings
 
 DEFAULTS = PathSettings()
 
@@ -42,7 +43,7 @@ def test_the_cli_finds_a_simulated_agent_when_no_production_one_listens(
 ) -> None:
     production = load_settings(overrides={"paths.runtime_dir": str(tmp_path / "run")})
     sim_socket = tmp_path / "run-sim" / "agent.sock"
-    monkeypatch.setattr("agent.config.settings._runtime_dir", lambda: str(tmp_path / "run"))
+    monkeypatch.setattr("agent.config.settings.default_runtime_dir", lambda: str(tmp_path / "run"))
     ctx = click.Context(click.Command("x"), obj={"socket": None})
     assert local_socket(ctx, production) == str(tmp_path / "run" / "agent.sock")  # neither
     sim_socket.parent.mkdir()

@@ -1,0 +1,61 @@
+"""The composition root of ``gpushare mps host``: the node's devices, one keeper per MPS
+device (agent.mps.host), a lock so that one host runs per MPS root, and the signals that
+stop it (SIGTERM, SIGINT: its daemons are quit, then it exits)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+
+from agent.config import Settings
+from agent.core.errors import AlreadyRunningError, ConfigError
+from agent.mps.host import MpsHost
+from agent.runtime.wiring import build_gpu, supervisor_options
+
+log = logging.getLogger(__name__)
+
+
+def lock_host(root_dir: str) -> int:
+    """An exclusive lock beside the MPS root, held for the host's life."""
+    path = f"{root_dir.rstrip('/')}.host.lock"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ConfigError("mps.root_dir", f"cannot open {path}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise AlreadyRunningError(
+            f"another MPS host (pid {holder or '?'}) keeps the daemons of {root_dir}"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+async def run_host(settings: Settings) -> None:
+    """Keep the daemons until SIGTERM or SIGINT, then quit them."""
+    options = supervisor_options(settings)
+    fd = lock_host(options.root_dir)
+    gpu = build_gpu(settings)
+    try:
+        await gpu.start()
+        host = MpsHost(await gpu.list_devices(), options, settings.mps.command_timeout_s)
+        loop = asyncio.get_running_loop()
+        keeping = asyncio.create_task(host.run(), name="mps-host")
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, keeping.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeping
+        log.info("MPS host: stopping: quitting %d daemon(s)", len(host.keepers))
+        await host.stop()
+    finally:
+        await gpu.aclose()
+        os.close(fd)
