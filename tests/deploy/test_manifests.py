@@ -95,3 +95,31 @@ def test_the_agent_tells_systemd_it_is_ready_and_stopping(monkeypatch: pytest.Mo
             finally:
                 if agent.poll() is None:
                     agent.kill()
+
+
+def test_the_mps_daemons_run_apart_from_the_agent_and_are_never_rolled() -> None:
+    """An agent rolling update must not restart a daemon: they live in their own DaemonSet
+    (OnDelete), on the same host directory, in the host PID namespace the agent sees."""
+    host = yaml.safe_load((REPO / "daemonset" / "mps-host.yaml").read_text())
+    agent = yaml.safe_load((REPO / "daemonset" / "daemonset.yaml").read_text())
+    assert host["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    pods = [d["spec"]["template"]["spec"] for d in (host, agent)]
+    assert all(pod["hostPID"] is True for pod in pods)
+    assert pods[0]["containers"][0]["args"][-2:] == ["mps", "host"]
+    runs = [next(v for v in pod["volumes"] if v["name"] == "run")["hostPath"] for pod in pods]
+    assert runs[0] == runs[1]
+    assert pods[0]["containers"][0]["image"] == pods[1]["containers"][0]["image"]
+    configmap = yaml.safe_load((REPO / "daemonset" / "configmap.yaml").read_text())
+    assert yaml.safe_load(configmap["data"]["config.yaml"])["mps"]["launch"] == "host"
+
+
+def test_the_image_takes_the_mps_binaries_from_the_host_driver() -> None:
+    dockerfile = (REPO / "daemonset" / "Dockerfile").read_text()
+    assert "nvidia-cuda-mps" not in dockerfile.split("FROM", 1)[1]
+    assert "http" not in dockerfile  # no archive host: the base image's own sources
+
+
+def test_a_systemd_restart_leaves_the_daemons_and_their_pipes() -> None:
+    text = UNIT.read_text()
+    assert "KillMode=process" in text.splitlines()
+    assert "RuntimeDirectoryPreserve=yes" in text.splitlines()
