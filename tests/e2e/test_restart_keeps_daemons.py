@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.state.migrations import MIGRATIONS, schema_version
 from tests.helpers import short_dir, spawn_agent
 from tests.integration.mps.harness import FAKE_BINARY
 
@@ -126,6 +128,51 @@ def test_sigterm_keeps_the_daemons_and_clients_and_the_next_agent_adopts_them(
         finally:
             assert stopped(second) == 0
         assert not any(alive(pid) for pid in daemons.values()), "quit leaves no daemon"
+    finally:
+        client.kill()
+        client.wait()
+
+
+def as_written_by_schema_6(db_path: Path) -> None:
+    """The store as the release before schema 7 left it (the upgrade's starting point)."""
+    db = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        assert schema_version(db) == len(MIGRATIONS) == 7
+        db.executescript(
+            "BEGIN; ALTER TABLE leases DROP COLUMN owner; ALTER TABLE leases DROP COLUMN workload;"
+            " DELETE FROM schema_version WHERE version = 7; COMMIT;"
+        )
+    finally:
+        db.close()
+
+
+def test_an_upgrade_that_migrates_the_store_keeps_daemons_clients_and_leases(
+    root: Path,
+) -> None:
+    first = agent(root, "keep")
+    node = node_up(root, first)
+    daemons = {d.device_uuid: d.pid for d in node.mps}
+    lease = admit(root, "r-upgraded").lease
+    pipe_dir = next(d.pipe_dir for d in node.mps if d.device_uuid == lease.device_uuid)
+    client = subprocess.Popen(["sleep", "120"])
+    try:
+        connect_client(pipe_dir, client.pid)
+        assert stopped(first) == 0
+        as_written_by_schema_6(root / "state" / "gpushare.db")
+
+        second = agent(root, "quit")
+        try:
+            node = node_up(root, second)
+            assert {d.device_uuid: d.pid for d in node.mps} == daemons
+            assert clients_of(root, lease.device_uuid) == [client.pid]
+            assert [(x.lease_id, x.device_index) for x in node.leases] == [
+                (lease.lease_id, lease.device_index)
+            ]
+        finally:
+            assert stopped(second) == 0
+        db = sqlite3.connect(root / "state" / "gpushare.db")
+        assert schema_version(db) == 7
+        db.close()
     finally:
         client.kill()
         client.wait()
