@@ -7,6 +7,7 @@ client can be connected without a GPU (it answers in the real binary's formats).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -103,17 +104,30 @@ def stopped(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> i
     return process.wait(timeout=30)
 
 
-def test_sigterm_keeps_the_daemons_and_clients_and_the_next_agent_adopts_them(
-    root: Path,
-) -> None:
+@contextlib.contextmanager
+def agent_with_a_job(
+    root: Path, request_id: str
+) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int], pb.Lease, int]]:
+    """An agent (on_stop keep) with one lease and a job connected to its device's server:
+    the agent, its daemons by device, the lease and the job's PID (killed at the end)."""
     first = agent(root, "keep")
     node = node_up(root, first)
     daemons = {d.device_uuid: d.pid for d in node.mps}
-    lease = admit(root, "r-kept").lease
+    lease = admit(root, request_id).lease
     pipe_dir = next(d.pipe_dir for d in node.mps if d.device_uuid == lease.device_uuid)
     client = subprocess.Popen(["sleep", "120"])  # the job: a client of the device's server
     try:
         connect_client(pipe_dir, client.pid)
+        yield first, daemons, lease, client.pid
+    finally:
+        client.kill()
+        client.wait()
+
+
+def test_sigterm_keeps_the_daemons_and_clients_and_the_next_agent_adopts_them(
+    root: Path,
+) -> None:
+    with agent_with_a_job(root, "r-kept") as (first, daemons, lease, client):
         assert stopped(first) == 0
         assert all(alive(pid) for pid in daemons.values()), "a daemon went with the agent"
         assert "left running for the next agent" in (root / "agent.log").read_text()
@@ -122,15 +136,12 @@ def test_sigterm_keeps_the_daemons_and_clients_and_the_next_agent_adopts_them(
         try:
             node = node_up(root, second)
             assert {d.device_uuid: d.pid for d in node.mps} == daemons  # adopted, not replaced
-            assert clients_of(root, lease.device_uuid) == [client.pid]
+            assert clients_of(root, lease.device_uuid) == [client]
             assert [x.lease_id for x in node.leases] == [lease.lease_id]
             assert "daemon_adopted" in (root / "agent.log").read_text()
         finally:
             assert stopped(second) == 0
         assert not any(alive(pid) for pid in daemons.values()), "quit leaves no daemon"
-    finally:
-        client.kill()
-        client.wait()
 
 
 def as_written_by_schema_6(db_path: Path) -> None:
@@ -149,14 +160,7 @@ def as_written_by_schema_6(db_path: Path) -> None:
 def test_an_upgrade_that_migrates_the_store_keeps_daemons_clients_and_leases(
     root: Path,
 ) -> None:
-    first = agent(root, "keep")
-    node = node_up(root, first)
-    daemons = {d.device_uuid: d.pid for d in node.mps}
-    lease = admit(root, "r-upgraded").lease
-    pipe_dir = next(d.pipe_dir for d in node.mps if d.device_uuid == lease.device_uuid)
-    client = subprocess.Popen(["sleep", "120"])
-    try:
-        connect_client(pipe_dir, client.pid)
+    with agent_with_a_job(root, "r-upgraded") as (first, daemons, lease, client):
         assert stopped(first) == 0
         as_written_by_schema_6(root / "state" / "gpushare.db")
 
@@ -164,18 +168,15 @@ def test_an_upgrade_that_migrates_the_store_keeps_daemons_clients_and_leases(
         try:
             node = node_up(root, second)
             assert {d.device_uuid: d.pid for d in node.mps} == daemons
-            assert clients_of(root, lease.device_uuid) == [client.pid]
+            assert clients_of(root, lease.device_uuid) == [client]
             assert [(x.lease_id, x.device_index) for x in node.leases] == [
                 (lease.lease_id, lease.device_index)
             ]
         finally:
             assert stopped(second) == 0
-        db = sqlite3.connect(root / "state" / "gpushare.db")
-        assert schema_version(db) == 7
-        db.close()
-    finally:
-        client.kill()
-        client.wait()
+    db = sqlite3.connect(root / "state" / "gpushare.db")
+    assert schema_version(db) == 7
+    db.close()
 
 
 def test_drain_refuses_admissions_and_waits_for_the_leases(root: Path) -> None:
