@@ -53,7 +53,10 @@ async def no_leftover_tasks() -> AsyncIterator[None]:
     """Fail an async test that leaves tasks running behind it."""
     yield
     current = asyncio.current_task()
-    leftovers = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    running = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    if running:  # a closed channel's own tasks end a few loop turns later
+        await asyncio.wait(running, timeout=1.0)
+    leftovers = [t for t in running if not t.done()]
     for task in leftovers:
         task.cancel()
     assert not leftovers, f"tasks left running: {[t.get_name() for t in leftovers]}"

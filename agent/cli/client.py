@@ -5,6 +5,7 @@ optional bearer token."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,30 @@ def _channel(where: Where) -> grpc.Channel:
             f"no agent socket at {where}: is the agent running (gpushare serve)? "
             "Use --socket or GPUSHARE_SOCKET if it listens elsewhere"
         )
+    _probe(where)
     return grpc.insecure_channel(f"unix:{where}")
+
+
+def _probe(path: str) -> None:
+    """Tell a stale socket (left by an agent killed with SIGKILL or crashed) and a socket
+    this user may not open from an agent that does not answer, with what to do."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            raise AgentUnreachable(
+                f"{path} is a stale socket: no agent listens on it (the agent that made it "
+                "stopped without removing it: killed, crashed or out of memory). Start the "
+                "agent again (gpushare serve, or systemctl start gpushare), which replaces "
+                "it; the agent's log says why it stopped (journalctl -u gpushare)"
+            ) from None
+        except PermissionError:
+            raise AgentUnreachable(
+                f"permission denied on {path}: run as root or as the agent's user"
+            ) from None
+        except OSError:
+            return  # a slow or full listener: gRPC reports it with its deadline
 
 
 def _name(where: Where) -> str:

@@ -23,6 +23,24 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class AllRequired(click.Command):
+    """A command that names every missing required option at once, not the first only."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing and not set(args) & set(ctx.help_option_names):
+            trial = self.make_context(
+                ctx.info_name, list(args), parent=ctx.parent, resilient_parsing=True
+            )
+            missing = [
+                p.opts[-1]
+                for p in self.get_params(trial)
+                if isinstance(p, click.Option) and p.required and trial.params.get(p.name) is None
+            ]
+            if len(missing) > 1:
+                raise click.UsageError(f"missing required options: {', '.join(missing)}", ctx)
+        return super().parse_args(ctx, args)
+
+
 def fail(message: str, code: int) -> NoReturn:
     click.echo(f"gpushare: {message}", err=True)
     sys.exit(code)

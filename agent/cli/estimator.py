@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from agent.cli import exits
+from agent.cli.common import AllRequired
 from agent.core.errors import ValidationError
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record, parse_lines, to_json
@@ -31,7 +32,7 @@ def estimator() -> None:
     """The retention estimator: how much of its solo speed a workload keeps when shared."""
 
 
-@estimator.command()
+@estimator.command(cls=AllRequired)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSON Lines file.")
 @click.option("--runs", "count", default=2000, show_default=True, help="Co-location sets.")
 @click.option("--seed", default=0, show_default=True)
@@ -44,7 +45,7 @@ def synth(out: str, count: int, seed: int) -> None:
     click.echo(f"wrote {len(records)} synthetic records to {out}")
 
 
-@estimator.command()
+@estimator.command(cls=AllRequired)
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Model folder.")
 @click.option("--trees", default=100, show_default=True)
@@ -78,7 +79,7 @@ def train(data: str, out: str, trees: int, folds: int, provenance: str) -> None:
     click.echo(f"model written to {out}")
 
 
-@estimator.command()
+@estimator.command(cls=AllRequired)
 @click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
 def predict(model_dir: str, data: str) -> None:
@@ -91,7 +92,7 @@ def predict(model_dir: str, data: str) -> None:
         click.echo(to_json(record, predicted_retention=round(m, 6), retention_lower=round(low, 6)))
 
 
-@estimator.command()
+@estimator.command(cls=AllRequired)
 @click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
 def evaluate(model_dir: str, data: str) -> None:

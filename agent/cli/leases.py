@@ -1,4 +1,4 @@
-"""On-call commands about leases: list, explain, size, drain and undrain, events, clear-stale."""
+"""On-call commands about leases: list, explain, drain and undrain, events, clear-stale."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from agent.admission.sizing import DTYPE_BYTES, Mode, SizingSpec, size
 from agent.api.proto import agent_pb2 as pb
 from agent.cli import exits
 from agent.cli.client import (
@@ -22,8 +21,9 @@ from agent.cli.client import (
     watch_events,
 )
 from agent.cli.common import resolve_endpoint, resolve_settings
+from agent.cli.devices import DeviceNameError, resolve_device
 from agent.cli.render import message_dict, table, to_json
-from agent.core.errors import UnitError, ValidationError
+from agent.core.errors import UnitError
 from agent.core.units import format_bytes, parse_bytes
 
 PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
@@ -44,6 +44,17 @@ def _guard(action: Callable[[], Any]) -> Any:
     except AgentRefused as exc:
         click.echo(f"gpushare: the agent refused: {exc}", err=True)
         sys.exit(exits.FAILURE)
+
+
+def _device_uuid(where: Where, name: str) -> str:
+    """The UUID of the device named by index, UUID or prefix; exits 2 listing the valid
+    ones."""
+    node = _guard(lambda: get_node(where))
+    try:
+        return resolve_device(name, node.devices)
+    except DeviceNameError as exc:
+        click.echo(f"gpushare: {exc}", err=True)
+        sys.exit(exits.CONFIG)
 
 
 @click.command()
@@ -160,7 +171,9 @@ def explain(
     retention_floor: float,
     as_json: bool,
 ) -> None:
-    """Dry-run an admission: would it fit, where, and why each device did or did not."""
+    """Dry-run an admission: would it fit, where, and why each device did or did not.
+
+    Exits 0 when the agent would admit it, 5 when it would refuse it."""
     try:
         memory_bytes = parse_bytes(memory)
     except UnitError as exc:
@@ -182,8 +195,13 @@ def explain(
     answer = _guard(lambda: call(_socket(ctx), "Explain", request))
     if as_json:
         click.echo(to_json(message_dict(answer)))
-        return
-    d = answer.decision
+    else:
+        _print_explanation(answer.decision)
+    if not answer.decision.admitted:
+        sys.exit(exits.REFUSED)
+
+
+def _print_explanation(d: Any) -> None:
     verdict = f"ADMIT on {d.device_uuid}" if d.admitted else f"REFUSE {d.reason}"
     click.echo(f"{verdict}: {d.message}")
     if d.estimator and any(a.predictions for a in d.attempts):
@@ -201,58 +219,16 @@ def explain(
     click.echo(table(["DEVICE", "FITS", "REASON", "DETAIL", "PREDICTED RETENTION"], rows))
 
 
-@click.command("size")
-@click.option("--parameters", required=True, type=float, help="Model parameters, e.g. 7e9.")
-@click.option("--mode", type=click.Choice([m.value for m in Mode]), required=True)
-@click.option("--dtype", type=click.Choice(list(DTYPE_BYTES)), default="bf16", show_default=True)
-@click.option("--layers", type=int, default=0)
-@click.option("--kv-heads", type=int, default=0)
-@click.option("--head-dim", type=int, default=0)
-@click.option("--context-length", type=int, default=0)
-@click.option(
-    "--sequences", type=int, default=1, show_default=True, help="Concurrent sequences (inference)."
-)
-def size_command(
-    parameters: float,
-    mode: str,
-    dtype: str,
-    layers: int,
-    kv_heads: int,
-    head_dim: int,
-    context_length: int,
-    sequences: int,
-) -> None:
-    """Memory a model needs: 16 B/parameter to train (mixed-precision Adam); weights plus
-    KV cache (2 x layers x kv_heads x head_dim x dtype bytes per token) to serve."""
-    spec = SizingSpec(
-        int(parameters), Mode(mode), dtype, layers, kv_heads, head_dim, context_length, sequences
-    )
-    try:
-        result = size(spec)
-    except ValidationError as exc:
-        click.echo(f"gpushare: --{exc.field.replace('_', '-')}: {exc}", err=True)
-        sys.exit(exits.CONFIG)
-    click.echo(
-        table(
-            ["PART", "BYTES", ""],
-            [
-                ["weights", result.weights_bytes, format_bytes(result.weights_bytes)],
-                ["kv cache", result.kv_cache_bytes, format_bytes(result.kv_cache_bytes)],
-                ["optimizer + grads", result.optimizer_bytes, format_bytes(result.optimizer_bytes)],
-                ["total", result.total_bytes, format_bytes(result.total_bytes)],
-            ],
-        )
-    )
-
-
 def _drain_command(name: str, method: str, doc: str) -> click.Command:
-    @click.command(name, help=doc)
+    @click.command(name, help=f"{doc} DEVICE: its index, UUID or a unique UUID prefix.")
     @click.argument("device", required=False, default="")
     @click.option("--reason", default="", help="Why (shown in events and explanations).")
     @click.pass_context
     def command(ctx: click.Context, device: str, reason: str) -> None:
-        request = pb.DrainRequest(device_uuid=device, reason=reason or f"{name} by an operator")
-        answer = _guard(lambda: call(_socket(ctx), method, request))
+        where = _socket(ctx)
+        uuid = _device_uuid(where, device) if device else ""
+        request = pb.DrainRequest(device_uuid=uuid, reason=reason or f"{name} by an operator")
+        answer = _guard(lambda: call(where, method, request))
         click.echo(f"{name}ed: {', '.join(answer.devices) or 'nothing to do'}")
 
     return command
@@ -274,16 +250,21 @@ def events(ctx: click.Context, follow: bool, since_seq: int, as_json: bool) -> N
     socket = _socket(ctx)
     last = _guard(lambda: get_node(socket)).last_event_seq
     if not follow and last <= since_seq:
+        if not as_json:
+            click.echo(f"no events after sequence {since_seq}" if since_seq else "no events yet")
         return
+    seq_width = max(len("SEQ"), len(str(last)) + (2 if follow else 0))
+    if not as_json:
+        click.echo(_event_row(seq_width, "SEQ", "TIME", "KIND", "DEVICE", "MESSAGE"))
     try:
         for event in watch_events(socket, since_seq):
             if as_json:
                 click.echo(json.dumps(message_dict(event)))
             else:
                 stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
+                device = event.device_uuid[:DEVICE_SHOWN] or "-"
                 click.echo(
-                    f"{event.seq:>6} {stamp} {event.kind:<24} "
-                    f"{event.device_uuid[:12] or '-':<12} {event.message}"
+                    _event_row(seq_width, event.seq, stamp, event.kind, device, event.message)
                 )
             sys.stdout.flush()
             if not follow and event.seq >= last:
@@ -293,6 +274,20 @@ def events(ctx: click.Context, follow: bool, since_seq: int, as_json: bool) -> N
         sys.exit(exits.UNREACHABLE)
     except KeyboardInterrupt:
         return
+
+
+DEVICE_SHOWN = 12  # characters of a device UUID in the events table
+KIND_WIDTH = 24
+
+
+def _event_row(seq_width: int, seq: object, *cells: str) -> str:
+    """One line of the events table; columns are fixed so a followed stream stays aligned
+    (the sequence column is sized from the newest sequence number at the start)."""
+    stamp, kind, device, message = cells
+    return (
+        f"{str(seq).rjust(seq_width)}  {stamp:<8}  {kind:<{KIND_WIDTH}}  "
+        f"{device:<{DEVICE_SHOWN}}  {message}"
+    ).rstrip()
 
 
 @click.command("clear-stale")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -21,6 +22,7 @@ from agent.cli.common import (
     CONTEXT,
     DEFAULT_CONFIG,
     fail,
+    local_socket,
     resolve_endpoint,
     resolve_settings,
     set_option,
@@ -37,6 +39,7 @@ from agent.core.errors import (
     SimulationError,
 )
 from agent.core.units import format_bytes
+from agent.runtime import effective
 
 SERVE_UMASK = 0o077
 
@@ -200,7 +203,11 @@ def status(ctx: click.Context, as_json: bool, timeout_s: float) -> None:
     click.echo(_status_text(node))
 
 
+STATE_WORDS = {"DRAINING": "drained", "DEVICE_DEGRADED": "degraded"}  # else "closed"
+
+
 def _status_text(node: Any) -> str:
+    closed = {x.device_uuid: x for x in node.ledger if x.closed}
     mps = {m.device_uuid: m for m in node.mps}
     windows = {w.device_uuid: w for w in node.latest_windows}
     stale = set(node.stale_devices)
@@ -216,6 +223,7 @@ def _status_text(node: Any) -> str:
                 d.model + (f" [{d.mig_profile}]" if d.mig_profile else ""),
                 format_bytes(d.memory_bytes),
                 d.sharing_mode,
+                STATE_WORDS.get(closed[d.uuid].closed, "closed") if d.uuid in closed else "open",
                 ("up" if daemon.up else "DOWN") if daemon else "-",
                 f"{util:.0f}%" if util is not None else "-",
                 "STALE" if d.uuid in stale else "fresh",
@@ -226,10 +234,17 @@ def _status_text(node: Any) -> str:
         f"node {node.node_name} ({mode}), agent {node.agent_version}, "
         f"telemetry {node.telemetry_source or '-'}"
     )
-    columns = ["IDX", "UUID", "MODEL", "MEMORY", "MODE", "MPS", "GPU UTIL", "COUNTERS"]
+    columns = ["IDX", "UUID", "MODEL", "MEMORY", "MODE", "STATE", "MPS", "GPU UTIL", "COUNTERS"]
     body = table(columns, rows)
     if not node.devices:
         return f"{header}\n{body}"
+    why = [
+        f"  {d.index}  {d.uuid}: {closed[d.uuid].closed_detail}"
+        for d in node.devices
+        if d.uuid in closed
+    ]
+    if why:
+        body += "\n\nclosed to new leases:\n" + "\n".join(why)
     isolation = "\n".join(isolation_lines(node.devices))
     return f"{header}\n{body}\n\nisolated between the leases of a device:\n{isolation}"
 
@@ -246,20 +261,43 @@ def config() -> None:
     is_flag=True,
     help="List every setting with its environment variable and meaning instead.",
 )
+@click.option(
+    "--resolved",
+    is_flag=True,
+    help="Show what file < GPUSHARE_* environment < flags resolve to here, even while an "
+    "agent runs.",
+)
 @click.pass_context
-def config_show(ctx: click.Context, as_json: bool, doc: bool) -> None:
-    """Print the effective configuration (file < GPUSHARE_* environment < flags)."""
+def config_show(ctx: click.Context, as_json: bool, doc: bool, resolved: bool) -> None:
+    """Print the running agent's effective configuration.
+
+    With no agent on the socket (or with --resolved) it prints what the config file, the
+    GPUSHARE_* environment and the flags resolve to instead, and says so.
+    """
     settings = resolve_settings(ctx.find_root())
     if doc:
         for key, f in setting_fields().items():
             click.echo(f"{key}  ({env_name(key)})\n    {f.metadata['doc']}")
         return
-    values = settings_as_dict(settings)
-    click.echo(to_json(values) if as_json else yaml.safe_dump(values, sort_keys=False).rstrip())
+    socket = local_socket(ctx, settings)
+    record = None if resolved else effective.running(socket)
+    if record is not None:
+        values = record["settings"]
+        started = datetime.fromtimestamp(record["started_at"], UTC).isoformat(timespec="seconds")
+        note = f"the running agent's configuration (pid {record['pid']}, started {started})"
+    else:
+        values = settings_as_dict(settings)
+        why = "as asked" if resolved else f"no agent is running on {socket}"
+        note = f"{why}: what file < environment < flags resolve to here"
+    if as_json:
+        click.echo(f"gpushare: {note}", err=True)
+        click.echo(to_json(values))
+    else:
+        click.echo(f"# {note}\n" + yaml.safe_dump(values, sort_keys=False).rstrip())
 
 
 def main() -> None:
-    cli(obj={})
+    cli(obj={}, prog_name="gpushare")
 
 
 def _register_subgroups() -> None:
@@ -268,6 +306,7 @@ def _register_subgroups() -> None:
     from agent.cli.mps import mps
     from agent.cli.profile import profile
     from agent.cli.readiness import readiness
+    from agent.cli.sizing import size_command
     from agent.cli.telemetry import telemetry
 
     for command in (
@@ -278,7 +317,7 @@ def _register_subgroups() -> None:
         readiness,
         leases.leases,
         leases.explain,
-        leases.size_command,
+        size_command,
         leases.drain,
         leases.undrain,
         leases.events,

@@ -15,11 +15,12 @@ from agent.cli.client import AgentUnreachable, get_node
 from agent.cli.common import local_socket, resolve_settings
 from agent.cli.render import message_dict, table, to_json
 from agent.config import Settings
-from agent.core.errors import GpushareError, MpsError
+from agent.core.errors import ConfigError, GpushareError, MpsError
 from agent.core.units import format_bytes
 from agent.mps.control import MpsControlClient, SubprocessMpsControl
 from agent.mps.daemon import lock_holder
 from agent.mps.limits import DAEMON_DEVICE_ORDINAL, DaemonPaths
+from agent.runtime import effective
 from agent.runtime.checks import resolve_control_binary
 
 HEADERS = [
@@ -117,9 +118,10 @@ def mps() -> None:
 @click.pass_context
 def mps_status(ctx: click.Context, direct: bool, as_json: bool, timeout_s: float) -> None:
     """Per device: daemon PID, up or down, restarts, defaults, servers and clients."""
-    settings = resolve_settings(ctx.find_root())
+    root = ctx.find_root()
+    settings = resolve_settings(root)
     rows = (
-        _direct(settings, timeout_s)
+        _direct(_last_agent_settings(root, settings), timeout_s)
         if direct
         else _through_agent(local_socket(ctx, settings), timeout_s)
     )
@@ -139,6 +141,18 @@ def _through_agent(socket_path: str, timeout_s: float) -> list[dict[str, Any]]:
         click.echo(f"gpushare: {exc}\n(try: gpushare mps status --direct)", err=True)
         sys.exit(exits.UNREACHABLE)
     return [message_dict(m) for m in node.mps]
+
+
+def _last_agent_settings(root: click.Context, settings: Settings) -> Settings:
+    """With no --config, the paths of the agent last started on the socket (its published
+    settings), so --direct finds a simulated or relocated agent's daemons too."""
+    record = None if root.obj.get("config") else effective.last(local_socket(root, settings))
+    if record is None:
+        return settings
+    try:
+        return effective.settings_of(record)
+    except ConfigError:
+        return settings
 
 
 def _direct(settings: Settings, timeout_s: float) -> list[dict[str, Any]]:

@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from agent.cli import exits
-from agent.cli.common import resolve_settings
+from agent.cli.common import AllRequired, resolve_settings
 from agent.core.errors import ConfigError, GpushareError, ValidationError
 from agent.estimator.records import Record, to_json
 
 
-@click.command()
+@click.command(cls=AllRequired)
 @click.option(
     "--spec",
     "spec_path",

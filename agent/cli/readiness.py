@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from agent.cli import exits
+from agent.cli.common import AllRequired
 from agent.core.errors import GpushareError, ValidationError
 from agent.estimator.readiness_data import Dataset, from_asi_csv, from_history, to_asi_csv
 
@@ -32,7 +33,15 @@ def _source(csv_path: str | None, db: str | None, machine: str) -> tuple[Dataset
         assert db is not None
         if not Path(db).is_file():
             raise GpushareError(f"no such state database {db}")
-        return from_history(asyncio.run(_history(db)), machine=machine), "agent lease history"
+        history = from_history(asyncio.run(_history(db)), machine=machine)
+        if not len(history):
+            click.echo(
+                f"gpushare: no history yet in {db}: the agent records a lease when it ends; "
+                "come back once leases have ended, or use --csv",
+                err=True,
+            )
+            sys.exit(exits.CONFIG)
+        return history, "agent lease history"
     except OSError as exc:
         click.echo(f"gpushare: cannot read {csv_path or db}: {exc.strerror}", err=True)
     except (ValidationError, GpushareError) as exc:
@@ -60,7 +69,7 @@ _DB = click.option(
 _MACHINE = click.option("--machine", default="this-node", help="Group name for history rows.")
 
 
-@readiness.command()
+@readiness.command(cls=AllRequired)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="CSV file.")
 @click.option("--jobs", default=20000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
@@ -74,7 +83,7 @@ def synth(out: str, jobs: int, seed: int) -> None:
     click.echo(f"wrote {jobs} synthetic jobs to {out}")
 
 
-@readiness.command()
+@readiness.command(cls=AllRequired)
 @_CSV
 @_DB
 @_MACHINE
@@ -98,7 +107,7 @@ def train(
     click.echo(f"model written to {out} ({len(data)} rows, {data.labels.count(True)} ready)")
 
 
-@readiness.command()
+@readiness.command(cls=AllRequired)
 @_CSV
 @_DB
 @_MACHINE
@@ -115,6 +124,9 @@ def evaluate(
     click.echo(f"evaluating on {len(data)} rows ({provenance}), {folds} folds ...", err=True)
     try:
         report = run(data, folds=folds, trees=trees)
+    except ValidationError as exc:
+        click.echo(f"gpushare: {exc}", err=True)
+        sys.exit(exits.CONFIG)
     except ValueError as exc:
         click.echo(f"gpushare: cannot evaluate: {exc}", err=True)
         sys.exit(exits.CONFIG)

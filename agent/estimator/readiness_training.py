@@ -42,12 +42,22 @@ def _forest(trees: int, seed: int) -> RandomForestClassifier:
     )
 
 
+MIN_ROWS = 50
+
+
+def require_enough(data: Dataset) -> None:
+    """Refuse data a forest cannot learn from: too few rows, or one outcome only."""
+    if len(data) < MIN_ROWS or all(data.labels) or not any(data.labels):
+        raise ValidationError(
+            "data",
+            f"need at least {MIN_ROWS} rows with both outcomes (ready and never ready); "
+            f"got {len(data)} ({sum(data.labels)} ready)",
+        )
+
+
 def train(data: Dataset, *, trees: int = 60, seed: int = 0, provenance: str) -> ReadinessModel:
     labels = np.asarray(data.labels, dtype=bool)
-    if len(data) < 50 or labels.all() or not labels.any():
-        raise ValidationError(
-            "data", "need at least 50 rows with both outcomes (ready and never ready)"
-        )
+    require_enough(data)
     vocab = vocabulary(data.rows)
     forest = _forest(trees, seed).fit(encode(data.rows, vocab), labels)
     column = list(forest.classes_).index(True)
@@ -70,6 +80,7 @@ def train(data: Dataset, *, trees: int = 60, seed: int = 0, provenance: str) -> 
 
 def evaluate(data: Dataset, *, folds: int = 5, trees: int = 60, seed: int = 0) -> dict[str, Any]:
     """Per-method means (and per-fold values) of ROC-AUC, PR-AUC and ECE on held-out folds."""
+    require_enough(data)
     labels = np.asarray(data.labels, dtype=bool)
     machines = len(set(data.groups))
     grouped = machines >= folds
@@ -78,7 +89,8 @@ def evaluate(data: Dataset, *, folds: int = 5, trees: int = 60, seed: int = 0) -
     )
     scores: dict[str, list[dict[str, float]]] = {m: [] for m in ("predictor", *RULES)}
     indices = np.arange(len(data))
-    for train_at, test_at in splitter.split(indices, labels, groups=data.groups):
+    groups = data.groups if grouped else None  # KFold ignores groups, and warns
+    for train_at, test_at in splitter.split(indices, labels, groups=groups):
         part = Dataset(
             [data.rows[i] for i in train_at],
             [data.labels[i] for i in train_at],

@@ -22,12 +22,12 @@ from agent.api.grpc_server import AgentService
 from agent.api.http import HttpServer, build_http_app
 from agent.api.identity import Identify, local
 from agent.api.server import GrpcServer
-from agent.config import Settings, settings_as_dict
+from agent.config import Settings
 from agent.core.errors import GpushareError
 from agent.core.types import AdmissionStats, Device, DeviceLedger, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks, listeners, signals
+from agent.runtime import checks, effective, listeners, signals
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
@@ -177,7 +177,7 @@ class App:
         return True
 
     async def _start(self) -> None:
-        log.info("effective configuration: %s", settings_as_dict(self.settings))
+        effective.publish(self.settings)  # logged, and kept for `gpushare config show`
         log.info("retention gate: %s; %d profile(s)", self.gate.name, len(self.gate.profiles))
         await self.ports.gpu.start()
         self.devices = await self.ports.gpu.list_devices()

@@ -130,6 +130,7 @@ async def test_sighup_rotates_the_token_and_keeps_the_open_stream(
         event = await next_event_of(stream, second.lease.lease_id)
         assert event.seq > since
         stream.cancel()
+        assert await stream.code() is grpc.StatusCode.CANCELLED
 
 
 async def test_a_bad_token_on_sighup_keeps_the_old_one(

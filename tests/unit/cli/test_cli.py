@@ -41,7 +41,8 @@ def test_config_show_applies_file_env_and_flags(runner: CliRunner, tmp_path: Pat
         env={"GPUSHARE_TELEMETRY_SAMPLE_INTERVAL_S": "4"},
     )
     assert result.exit_code == 0, result.output
-    shown = json.loads(result.output)
+    shown = json.loads(result.stdout)
+    assert "no agent is running on /x/agent.sock" in result.stderr
     assert shown["version"] == 1
     assert shown["telemetry"]["window_s"] == 20.0
     assert shown["telemetry"]["sample_interval_s"] == 4.0
@@ -123,4 +124,4 @@ def test_status_on_a_dead_socket_exits_4(runner: CliRunner, tmp_path: Path) -> N
     sock.close()  # the file stays, nobody listens
     result = runner.invoke(cli, ["--socket", str(path), "status", "--timeout", "1"])
     assert result.exit_code == exits.UNREACHABLE
-    assert "did not answer" in result.output
+    assert "is a stale socket: no agent listens on it" in result.output
