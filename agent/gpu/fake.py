@@ -44,6 +44,7 @@ class FakeGpuBackend:
         self.exclusive: dict[str, bool] = {}
         self.process_table: dict[str, list[GpuProcess]] = {}
         self.events: asyncio.Queue[tuple[str, str, str | None, dict[str, str]]] = asyncio.Queue()
+        self.driver: str | None = None  # a simulated node has no driver
 
     @classmethod
     def with_gpus(
@@ -63,6 +64,9 @@ class FakeGpuBackend:
 
     async def start(self) -> None:
         self.started = True
+
+    async def driver_version(self) -> str | None:
+        return self.driver
 
     async def aclose(self) -> None:
         self.started = False

@@ -94,6 +94,12 @@ class NvmlGpuBackend:
     async def list_devices(self) -> list[Device]:
         return await asyncio.to_thread(self._list_devices)
 
+    async def driver_version(self) -> str | None:
+        version = await asyncio.to_thread(
+            call, "read the driver version", pynvml.nvmlSystemGetDriverVersion
+        )
+        return version.decode() if isinstance(version, bytes) else str(version)
+
     def _list_devices(self) -> list[Device]:
         devices: list[Device] = []
         for index in range(call("count GPUs", pynvml.nvmlDeviceGetCount)):

@@ -22,6 +22,10 @@ class GpuBackend(Protocol):
 
     async def list_devices(self) -> list[Device]: ...
 
+    async def driver_version(self) -> str | None:
+        """The kernel driver's release ("535.309.01"); None with no driver (simulated)."""
+        ...
+
     async def set_compute_mode(self, device: Device, *, exclusive: bool) -> None:
         """EXCLUSIVE_PROCESS while MPS runs on the device, DEFAULT otherwise."""
         ...

@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from agent.core.errors import MpsError
+from agent.core.errors import GpuError, MpsError
 from agent.core.types import Device, MpsDaemonState, SharingMode
 from agent.mps.port import EventSink
 from agent.mps.supervisor import (
@@ -23,6 +23,7 @@ from agent.mps.supervisor import (
     ExclusiveModeFn,
     SupervisorOptions,
 )
+from agent.mps.version import check_release
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,10 @@ async def check_multi_user(binary: str) -> None:
         raise MpsError(f"{binary} does not support multi-user mode (-M); set mps.multi_user: false")
 
 
+async def _no_driver() -> str | None:
+    return None
+
+
 class SupervisedMpsManager:
     def __init__(
         self,
@@ -54,8 +59,10 @@ class SupervisedMpsManager:
         channel_factory: ChannelFactory,
         emit: EventSink,
         set_exclusive: ExclusiveModeFn,
+        driver_version: Callable[[], Awaitable[str | None]] = _no_driver,
     ) -> None:
         self.backend = options.binary
+        self._driver_version = driver_version
         self._options = options
         self._defaults_for = defaults_for
         self._channel_factory = channel_factory
@@ -63,7 +70,16 @@ class SupervisedMpsManager:
         self._set_exclusive = set_exclusive
         self.supervisors: dict[str, DaemonSupervisor] = {}
 
+    async def _driver(self) -> str | None:
+        try:
+            return await self._driver_version()
+        except GpuError as exc:
+            log.warning("cannot read the driver version (%s): MPS binary not checked", exc)
+            return None
+
     async def start(self, devices: Sequence[Device]) -> None:
+        if any(d.sharing_mode is SharingMode.MPS for d in devices):
+            check_release(self._options.binary, await self._driver())
         if self._options.multi_user:
             await check_multi_user(self._options.binary)
         for device in devices:

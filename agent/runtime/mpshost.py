@@ -13,7 +13,9 @@ import signal
 
 from agent.config import Settings
 from agent.core.errors import AlreadyRunningError, ConfigError
+from agent.core.types import SharingMode
 from agent.mps.host import MpsHost
+from agent.mps.version import check_release
 from agent.runtime.wiring import build_gpu, supervisor_options
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,10 @@ async def run_host(settings: Settings) -> None:
     gpu = build_gpu(settings)
     try:
         await gpu.start()
-        host = MpsHost(await gpu.list_devices(), options, settings.mps.command_timeout_s)
+        devices = await gpu.list_devices()
+        if any(d.sharing_mode is SharingMode.MPS for d in devices):
+            check_release(options.binary, await gpu.driver_version())
+        host = MpsHost(devices, options, settings.mps.command_timeout_s)
         loop = asyncio.get_running_loop()
         keeping = asyncio.create_task(host.run(), name="mps-host")
         for signum in (signal.SIGTERM, signal.SIGINT):

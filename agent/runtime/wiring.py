@@ -150,6 +150,7 @@ def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> 
         channel_factory=channel,
         emit=events,
         set_exclusive=set_exclusive,
+        driver_version=gpu.driver_version,
     )
 
 

@@ -23,6 +23,7 @@ ALLOWED = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS,  # a request id reused for a different request
     grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
