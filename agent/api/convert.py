@@ -91,6 +91,12 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
             lease_to_pb(lease, _index(snapshot, lease.device_uuid)) for lease in snapshot.leases
         ],
         ledger=[ledger_to_pb(entry) for entry in snapshot.ledger],
+        gone_devices=[
+            pb.GoneDevice(
+                device_uuid=g.device_uuid, since=g.since, leases_failed=g.leases_failed, when=g.when
+            )
+            for g in snapshot.gone_devices
+        ],
         stranded_memory_bytes=snapshot.stranded_memory_bytes,
         stranded_thread_pct=snapshot.stranded_thread_pct,
         last_event_seq=snapshot.last_event_seq,

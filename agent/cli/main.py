@@ -236,6 +236,8 @@ def _status_text(node: Any) -> str:
     )
     columns = ["IDX", "UUID", "MODEL", "MEMORY", "MODE", "STATE", "MPS", "GPU UTIL", "COUNTERS"]
     body = table(columns, rows)
+    if node.gone_devices:
+        body += "\n\ngone from this node (see gpushare events):\n" + "\n".join(_gone_lines(node))
     if not node.devices:
         return f"{header}\n{body}"
     why = [
@@ -247,6 +249,13 @@ def _status_text(node: Any) -> str:
         body += "\n\nclosed to new leases:\n" + "\n".join(why)
     isolation = "\n".join(isolation_lines(node.devices))
     return f"{header}\n{body}\n\nisolated between the leases of a device:\n{isolation}"
+
+
+def _gone_lines(node: Any) -> list[str]:
+    return [
+        f"  {g.device_uuid}: found gone {g.when}, {g.leases_failed} lease(s) failed"
+        for g in node.gone_devices
+    ]
 
 
 @cli.group(context_settings=CONTEXT)

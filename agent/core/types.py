@@ -305,6 +305,17 @@ class DeviceLedger:
     closed_detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class GoneDevice:
+    """A device the node no longer has (a GPU off the bus, MIG repartitioned) whose leases
+    were failed: found missing at start, or gone at run time."""
+
+    device_uuid: str
+    since: float  # seconds since the Unix epoch
+    leases_failed: int
+    when: str  # "at start" or "at run time"
+
+
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -333,6 +344,7 @@ class NodeSnapshot:
     stale_devices: tuple[str, ...] = ()
     leases: tuple[Lease, ...] = ()
     ledger: tuple[DeviceLedger, ...] = ()
+    gone_devices: tuple[GoneDevice, ...] = ()
     stranded_memory_bytes: int = 0
     stranded_thread_pct: float = 0.0
     last_event_seq: int = 0

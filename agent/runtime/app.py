@@ -24,10 +24,10 @@ from agent.api.identity import Identify, local
 from agent.api.server import GrpcServer
 from agent.config import Settings
 from agent.core.errors import GpushareError
-from agent.core.types import AdmissionStats, Device, DeviceLedger, NodeSnapshot
+from agent.core.types import Device, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks, effective, listeners, signals
+from agent.runtime import checks, effective, listeners, signals, snapshot
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
@@ -35,7 +35,6 @@ from agent.runtime.lock import InstanceLock
 from agent.runtime.memory import tune_gc
 from agent.runtime.node import NodeService
 from agent.runtime.notify import notify
-from agent.runtime.readiness import ineffective_ratio
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, leases_ended, reap_children
 from agent.runtime.tasks import Supervisor
@@ -76,7 +75,7 @@ class App:
         self.sizes = standard_sizes(settings)
         self.gate = retention_gate(settings)
         self.readiness = readiness_predictor(settings)
-        self._clock = clock
+        self.clock = clock
         self.devices: list[Device] = []
         self.node: NodeService | None = None
         self.control: ControlLoops | None = None
@@ -218,7 +217,7 @@ class App:
             interval_s=t.sample_interval_s,
             window_s=t.window_s,
             keep_windows=t.keep_windows,
-            clock=self._clock,
+            clock=self.clock,
         )
         await self.sampler.sample_once()
         self.supervisor.spawn("sampler", self.sampler.run())
@@ -235,7 +234,7 @@ class App:
             sizes=self.sizes,
             mps_root=self.settings.mps_root_dir,
             mps_states=self.ports.mps.states,
-            clock=self._clock,
+            clock=self.clock,
             reservation_ttl_s=self.settings.admission.reservation_ttl_s,
             ready_deadline_s=self.settings.readiness.deadline_s,
             gate=self.gate,
@@ -257,7 +256,7 @@ class App:
             events=self.events,
             gate=self.gate,
             sampler=self.sampler,
-            clock=self._clock,
+            clock=self.clock,
         )
         self.control.spawn(self.supervisor)
         connect_sim_counters(self.telemetry, self.node, self.gate)
@@ -324,44 +323,13 @@ class App:
     # -- views -----------------------------------------------------------------------------
 
     def snapshot(self) -> NodeSnapshot:
-        sampler, node, control = self.sampler, self.node, self.control
-        leases = tuple(node.leases.values()) if node else ()
-        ledger: tuple[DeviceLedger, ...] = ()
-        stranded_bytes, stranded_pct = 0, 0.0
-        if node is not None:
-            ledger = node.device_ledgers()
-            stranded = node.stranded()
-            stranded_bytes, stranded_pct = stranded.memory_bytes, stranded.thread_pct
-        return NodeSnapshot(
-            node_name=self.settings.runtime.node_name,
-            simulated=self.ports.simulated,
-            taken_at=self._clock(),
-            devices=tuple(self.devices),
-            mps=tuple(self.ports.mps.states()),
-            latest_samples=tuple(sampler.latest() if sampler else ()),
-            latest_windows=tuple(sampler.latest_windows() if sampler else ()),
-            telemetry_source=self.telemetry.name if self.telemetry else "",
-            stale_devices=tuple(self._stale()),
-            leases=leases,
-            ledger=ledger,
-            stranded_memory_bytes=stranded_bytes,
-            stranded_thread_pct=stranded_pct,
-            last_event_seq=self.events.last_seq,
-            admission=node.admission_stats() if node else AdmissionStats(),
-            retention_estimates=self._estimates(),
-            ineffective_ratio=ineffective_ratio(leases, self.devices),
-            control_actions=dict(control.actions) if control else {},
-            degraded_devices=tuple(control.degradation.degraded()) if control else (),
-            lease_identity_mismatches_total=control.janitor.attributor.mismatches_total
-            if control
-            else 0,
-        )
+        return snapshot.take(self)
 
-    def _estimates(self) -> dict[str, float]:
+    def estimates(self) -> dict[str, float]:
         views = self.node.views() if self.node is not None else []
         return {k: v for view in views for k, v in self.gate.estimate(view).items()}
 
-    def _stale(self) -> list[str]:
+    def stale(self) -> list[str]:
         if self.sampler is None:
             return [d.uuid for d in self.devices]
         return self.sampler.stale_devices(stale_after_s=self.settings.telemetry.stale_after_s)
@@ -376,7 +344,7 @@ class App:
             for m in self.ports.mps.states()
             if not m.up
         ]
-        problems += [f"telemetry stale on {uuid}" for uuid in self._stale()]
+        problems += [f"telemetry stale on {uuid}" for uuid in self.stale()]
         if not self.store.writable():
             problems.append(f"state store {self.settings.state_db_path} cannot write")
         return problems

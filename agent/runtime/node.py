@@ -26,6 +26,7 @@ from agent.core.types import (
     BatchResult,
     Device,
     DeviceLedger,
+    GoneDevice,
     MpsDaemonState,
     ReasonCode,
 )
@@ -69,6 +70,7 @@ class NodeService:
         self._mps_states = mps_states
         self._clock = clock
         self.ledger = Ledger(self.devices)
+        self._gone: dict[str, GoneDevice] = {}
         events.owner_of = self.owner_of
         lock = asyncio.Lock()
         journal = Journal(self.ledger, store, events)
@@ -130,8 +132,25 @@ class NodeService:
                 device_uuid=lease.device_uuid,
                 lease_id=lease.lease_id,
             )
+        self._note_gone([x.device_uuid for x in gone], gone_uuids)
         ids = [x.lease_id for x in gone]
         return await self.end_leases(ids, LeaseState.FAILED, "its device is gone") if ids else []
+
+    def _note_gone(self, lease_devices: list[str], gone_uuids: Collection[str]) -> None:
+        """Remember each gone device and the leases failed on it, for ``gpushare status``."""
+        now = self._clock()
+        for uuid in {*lease_devices, *gone_uuids}:
+            known = self._gone.get(uuid)
+            when = "at run time" if uuid in gone_uuids else "at start"
+            self._gone[uuid] = GoneDevice(
+                uuid,
+                known.since if known else now,
+                (known.leases_failed if known else 0) + lease_devices.count(uuid),
+                known.when if known else when,
+            )
+
+    def gone_devices(self) -> tuple[GoneDevice, ...]:
+        return tuple(self._gone.values())
 
     # -- the read model --------------------------------------------------------------------
 
@@ -235,6 +254,8 @@ class NodeService:
 
     def reopen(self, device_uuid: str, source: str) -> None:
         self.availability.reopen(device_uuid, source)
+        if source == "gone":
+            self._gone.pop(device_uuid, None)
 
     @property
     def drained(self) -> Mapping[str, str]:

@@ -485,7 +485,7 @@ class Window(_message.Message):
     def __init__(self, device_uuid: _Optional[str] = ..., start_at: _Optional[float] = ..., window_s: _Optional[float] = ..., sample_count: _Optional[int] = ..., mean: _Optional[_Mapping[str, float]] = ..., max: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetNodeResponse(_message.Message):
-    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct", "last_event_seq", "retention_estimates", "ineffective_ratio")
+    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct", "last_event_seq", "retention_estimates", "ineffective_ratio", "gone_devices")
     class RetentionEstimatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -510,6 +510,7 @@ class GetNodeResponse(_message.Message):
     LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     RETENTION_ESTIMATES_FIELD_NUMBER: _ClassVar[int]
     INEFFECTIVE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    GONE_DEVICES_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     simulated: bool
     agent_version: str
@@ -527,4 +528,17 @@ class GetNodeResponse(_message.Message):
     last_event_seq: int
     retention_estimates: _containers.ScalarMap[str, float]
     ineffective_ratio: float
-    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ..., last_event_seq: _Optional[int] = ..., retention_estimates: _Optional[_Mapping[str, float]] = ..., ineffective_ratio: _Optional[float] = ...) -> None: ...
+    gone_devices: _containers.RepeatedCompositeFieldContainer[GoneDevice]
+    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ..., last_event_seq: _Optional[int] = ..., retention_estimates: _Optional[_Mapping[str, float]] = ..., ineffective_ratio: _Optional[float] = ..., gone_devices: _Optional[_Iterable[_Union[GoneDevice, _Mapping]]] = ...) -> None: ...
+
+class GoneDevice(_message.Message):
+    __slots__ = ("device_uuid", "since", "leases_failed", "when")
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    WHEN_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: str
+    since: float
+    leases_failed: int
+    when: str
+    def __init__(self, device_uuid: _Optional[str] = ..., since: _Optional[float] = ..., leases_failed: _Optional[int] = ..., when: _Optional[str] = ...) -> None: ...

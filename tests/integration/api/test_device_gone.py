@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.api.convert import snapshot_to_pb
+from agent.cli.main import _status_text
 from agent.core.lease import LeaseState
 from agent.core.types import AdmissionRequest, PriorityClass
 from agent.core.units import GIB
@@ -47,6 +49,17 @@ async def test_a_lease_on_a_vanished_device_is_failed_with_an_event(root: Path) 
         stored = await app.store.lease(lease.lease_id)
         assert stored is not None and stored.state is LeaseState.FAILED
         assert stored.reason == "its device is gone"
+        (gone,) = app.snapshot().gone_devices
+        assert (gone.device_uuid, gone.leases_failed, gone.when) == (
+            lease.device_uuid,
+            1,
+            "at start",
+        )
+        shown = _status_text(snapshot_to_pb(app.snapshot()))
+        assert (
+            "gone from this node (see gpushare events):\n"
+            f"  {lease.device_uuid}: found gone at start, 1 lease(s) failed" in shown
+        )
         assert await app.events.flush()
         kinds = [e.kind for e in app.events.since(0) if e.lease_id == lease.lease_id]
         assert kinds[-2:] in (
@@ -70,6 +83,9 @@ async def test_a_device_gone_at_run_time_is_closed_and_its_leases_failed(root: P
         stored = await app.store.lease(lease.lease_id)
         assert stored is not None and stored.state is LeaseState.FAILED
         assert stored.reason == "its device is gone"
+        await app.control.janitor.pass_once(dry_run=False)  # a second pass counts nothing twice
+        (gone,) = app.snapshot().gone_devices
+        assert (gone.leases_failed, gone.when) == (1, "at run time")
         ledger = {x.device_uuid: x for x in app.snapshot().ledger}[lease.device_uuid]
         assert (ledger.closed, ledger.closed_detail) == (
             "DEVICE_UNAVAILABLE",
@@ -83,6 +99,7 @@ async def test_a_device_gone_at_run_time_is_closed_and_its_leases_failed(root: P
         await app.control.janitor.pass_once(dry_run=False)
         ledger = {x.device_uuid: x for x in app.snapshot().ledger}[lease.device_uuid]
         assert ledger.closed == ""
+        assert app.snapshot().gone_devices == ()
         assert await app.events.flush()
         kinds = [e.kind for e in app.events.since(0) if e.device_uuid == lease.device_uuid]
         assert {"device.gone", "lease.device_gone", "lease.failed", "device.back"} <= set(kinds)
