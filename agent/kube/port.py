@@ -1,0 +1,92 @@
+"""The Kubernetes API as the cluster-side parts use it: the few endpoints they need, with
+objects as the API server sends them (JSON dicts: ``metadata``, ``spec``, ``status``) and
+its status codes as exceptions. One adapter implements it (:mod:`agent.kube.rest`); tests
+run it against a stand-in API server that speaks the same format."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from agent.core.errors import GpushareError
+
+Obj = dict[str, Any]  # one Kubernetes object, as JSON
+PatchKind = Literal["merge", "json", "strategic"]
+WatchKind = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+
+
+class KubeError(GpushareError):
+    """The API server answered with an error status (``status`` is its HTTP code)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeError):
+    """404: the object does not exist (or no longer does)."""
+
+
+class Conflict(KubeError):
+    """409: a stale resourceVersion, or the object already exists."""
+
+
+class Gone(KubeError):
+    """410: the watch's resourceVersion is too old; list again, then watch from there."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    items: list[Obj]
+    resource_version: str  # the list's: watch from here to miss nothing
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: WatchKind
+    obj: Obj
+
+
+class KubeApi(Protocol):
+    async def get_pod(self, namespace: str, name: str) -> Obj: ...
+
+    async def list_pods(self, *, field_selector: str = "", label_selector: str = "") -> Listing:
+        """Pods of every namespace."""
+        ...
+
+    def watch_pods(
+        self, resource_version: str, *, field_selector: str = "", timeout_s: float = 300.0
+    ) -> AsyncIterator[WatchEvent]:
+        """Changes after ``resource_version``; raises :class:`Gone` when it is too old."""
+        ...
+
+    async def patch_pod(
+        self, namespace: str, name: str, patch: Obj | list[Obj], *, kind: PatchKind = "merge"
+    ) -> Obj: ...
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node_name: str) -> None:
+        """POST the pod's ``binding`` subresource (409 if it is bound already)."""
+        ...
+
+    async def patch_node(self, name: str, patch: Obj) -> Obj:
+        """Merge-patch a node (its labels)."""
+        ...
+
+    async def patch_node_status(self, name: str, patch: Obj) -> Obj:
+        """Strategic-merge-patch a node's ``status`` subresource (its conditions)."""
+        ...
+
+    async def create_event(self, namespace: str, event: Obj) -> None: ...
+
+    async def list_endpoint_slices(self, namespace: str, service: str) -> list[Obj]:
+        """The EndpointSlices of a Service (label ``kubernetes.io/service-name``)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    metadata = obj.get("metadata") or {}
+    return metadata.get("annotations") or {}
