@@ -141,6 +141,7 @@ def lease_to_pb(lease: Lease, device_index: int = 0) -> pb.Lease:
         retention_floor=lease.retention_floor or 0.0,
         owner=lease.owner,
         workload=lease.workload,
+        pod=lease.pod,
     )
 
 

@@ -118,7 +118,22 @@ def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
         counters=counters(message.counters, f"{field}.counters"),
         job=job(message.job, f"{field}.job"),
         workload=workload(message.workload, f"{field}.workload"),
+        pod=pod(message.pod, f"{field}.pod"),
     )
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"  # a namespace (RFC 1123 label)
+_SUBDOMAIN_PART = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"  # a pod name: these, joined by dots
+_POD_RE = re.compile(rf"^{_DNS_LABEL}/{_SUBDOMAIN_PART}(\.{_SUBDOMAIN_PART})*$")
+
+
+def pod(value: str, field: str) -> str:
+    """``<namespace>/<name>``: a DNS label and a DNS subdomain (at most 253); empty for
+    none."""
+    name = value.partition("/")[2]
+    if value and (len(name) > 253 or not _POD_RE.match(clean(value, field))):
+        raise ValidationError(field, f"must be <namespace>/<pod name> (got {shown(value)})")
+    return value
 
 
 _WORKLOAD_RE = re.compile(

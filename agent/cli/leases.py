@@ -78,6 +78,7 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
         [
             x.lease_id,
             x.state,
+            x.pod or "-",
             x.device_index,
             x.tenant,
             x.trust_domain,
@@ -96,6 +97,7 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
             [
                 "LEASE",
                 "STATE",
+                "POD",
                 "DEV",
                 "TENANT",
                 "TRUST",

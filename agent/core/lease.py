@@ -94,6 +94,7 @@ class Lease:
     version: int = 1
     owner: str = ""  # the caller identity that made it; "" for leases made before owners
     workload: str = ""  # the workload its processes must belong to (see AdmissionRequest)
+    pod: str = ""  # the Kubernetes pod it is for, "<namespace>/<name>"; "" for none
 
 
 def can_transition(current: LeaseState, target: LeaseState) -> bool:

@@ -137,6 +137,7 @@ class AdmissionRequest:
     # The workload its processes must belong to ("pod:<uid>", "container:<id>",
     # "unit:<name>"), or "" for none.
     workload: str = ""
+    pod: str = ""  # the Kubernetes pod it is for, "<namespace>/<name>"; "" for none
     # The caller identity that asks (the mTLS subject or the token's name; "local" on the
     # Unix socket): set by the API from the connection, never from the request's fields.
     owner: str = ""

@@ -250,6 +250,7 @@ class Admissions:
             gang_id=gang_id,
             owner=request.owner,
             workload=request.workload,
+            pod=request.pod,
             counters=dict(request.counters),
             attributes=admission_attributes(
                 request,

@@ -43,6 +43,8 @@ def canonical(request: AdmissionRequest, gang_id: str | None) -> dict[str, Any]:
         "gang_id": gang_id,
         "workload": request.workload,
         "owner": request.owner,
+        # only when set: requests recorded before pods existed keep their fingerprints
+        **({"pod": request.pod} if request.pod else {}),
     }
 
 

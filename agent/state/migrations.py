@@ -127,6 +127,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE leases ADD COLUMN owner TEXT NOT NULL DEFAULT '';
     ALTER TABLE leases ADD COLUMN workload TEXT NOT NULL DEFAULT '';
     """,
+    # 8: the Kubernetes pod a lease is for ("<namespace>/<name>")
+    """
+    ALTER TABLE leases ADD COLUMN pod TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 

@@ -34,6 +34,7 @@ LEASE_COLUMNS = (
     "version",
     "owner",
     "workload",
+    "pod",
 )
 LEASE_SELECT = f"SELECT {', '.join(LEASE_COLUMNS)} FROM leases"
 LEASE_INSERT = (
@@ -78,6 +79,7 @@ def lease_row(lease: Lease) -> tuple[Any, ...]:
         lease.version,
         lease.owner,
         lease.workload,
+        lease.pod,
     )
 
 

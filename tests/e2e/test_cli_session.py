@@ -124,6 +124,7 @@ def admit_one(root: Path) -> None:
                     priority=pb.BURSTABLE,
                     memory_bytes=20 * 2**30,
                     thread_pct=25,
+                    pod="team-a/train-42-0",
                 )
             ),
             timeout=5,

@@ -145,13 +145,15 @@ def test_sigterm_keeps_the_daemons_and_clients_and_the_next_agent_adopts_them(
 
 
 def as_written_by_schema_6(db_path: Path) -> None:
-    """The store as the release before schema 7 left it (the upgrade's starting point)."""
+    """The store as the release before schema 7 left it (the upgrade's starting point):
+    two migrations to apply."""
     db = sqlite3.connect(db_path, isolation_level=None)
     try:
-        assert schema_version(db) == len(MIGRATIONS) == 7
+        assert schema_version(db) == len(MIGRATIONS) == 8
         db.executescript(
             "BEGIN; ALTER TABLE leases DROP COLUMN owner; ALTER TABLE leases DROP COLUMN workload;"
-            " DELETE FROM schema_version WHERE version = 7; COMMIT;"
+            " ALTER TABLE leases DROP COLUMN pod;"
+            " DELETE FROM schema_version WHERE version >= 7; COMMIT;"
         )
     finally:
         db.close()
@@ -175,7 +177,7 @@ def test_an_upgrade_that_migrates_the_store_keeps_daemons_clients_and_leases(
         finally:
             assert stopped(second) == 0
     db = sqlite3.connect(root / "state" / "gpushare.db")
-    assert schema_version(db) == 7
+    assert schema_version(db) == len(MIGRATIONS)
     db.close()
 
 

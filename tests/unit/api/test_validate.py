@@ -52,3 +52,31 @@ def test_job_attributes_are_optional_and_kept() -> None:
         good_request(job_type="training", generative=True, requested_gpus=0.5)
     ).job
     assert (kept.job_type, kept.generative, kept.requested_gpus) == ("training", True, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "good"),
+    [
+        ("", True),
+        ("team-a/train-42", True),
+        ("default/web-7d4b9c-x2x9z", True),
+        ("ns/pod.with.dots", True),
+        ("ns/" + "a" * 253, True),
+        ("Team/pod", False),  # upper case
+        ("ns/", False),
+        ("/pod", False),
+        ("ns/pod/extra", False),
+        ("ns/-pod", False),
+        ("a" * 64 + "/pod", False),  # a namespace is a DNS label: at most 63
+        ("ns/pod\n", False),
+        ("ns/" + "a" * 254, False),
+    ],
+)
+def test_a_pod_is_namespace_slash_name(value: str, good: bool) -> None:
+    message = good_request()
+    message.pod = value
+    if good:
+        assert validate.request(message).pod == value
+    else:
+        with pytest.raises(ValidationError, match=r"request\.pod"):
+            validate.request(message)
