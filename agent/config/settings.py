@@ -12,18 +12,14 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+
+from agent.config.fields import setting
+from agent.config.kubelet import KubeletSettings
 
 CONFIG_VERSION = 1
 
 
-def _setting(default: Any, doc: str, **rules: Any) -> Any:
-    """A setting: its default, what it means (``doc``), and ``min``/``max``/``choices``.
-
-    ``default_doc`` replaces the default in the reference where the default depends on the
-    machine (paths by user, the host name).
-    """
-    return field(default=default, metadata={"doc": doc, **rules})
+_setting = setting
 
 
 def default_runtime_dir() -> str:
@@ -372,6 +368,7 @@ class Settings:
     janitor: JanitorSettings = field(default_factory=JanitorSettings)
     degradation: DegradationSettings = field(default_factory=DegradationSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    kubelet: KubeletSettings = field(default_factory=KubeletSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 
     @property

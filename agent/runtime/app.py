@@ -27,7 +27,8 @@ from agent.core.errors import GpushareError
 from agent.core.types import Device, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks, effective, listeners, signals, snapshot
+from agent.kubelet.plugin import DevicePluginServer
+from agent.runtime import checks, effective, kubelet, listeners, signals, snapshot
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
@@ -79,6 +80,7 @@ class App:
         self.devices: list[Device] = []
         self.node: NodeService | None = None
         self.control: ControlLoops | None = None
+        self.device_plugin: DevicePluginServer | None = None
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
         self.supervisor = Supervisor()
@@ -246,6 +248,9 @@ class App:
             ),
         )
         await self.node.load()
+        self.device_plugin = await kubelet.start_device_plugin(
+            self.settings, self.node, self.events, clock=self.clock
+        )
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
         self.supervisor.spawn("state-pruner", self.node.pruner())
         assert self.sampler is not None
@@ -304,6 +309,8 @@ class App:
             await plan.step("stop gRPC", server.stop(plan.share(0.2)))
         if self.http is not None:
             await plan.step("stop HTTP", self.http.stop())
+        if self.device_plugin is not None:
+            await plan.step("stop the device plugin", self.device_plugin.stop())
         stuck = await self.supervisor.stop(timeout_s=plan.share(0.3))
         if stuck:
             log.warning("tasks still running after cancellation: %s", ", ".join(stuck))

@@ -1,0 +1,194 @@
+"""What every agent holds, kept current without a call per pod: one ``GetNode`` at
+connect, then ``WatchEvents``; each burst of events makes one more ``GetNode`` (coalesced).
+Binds in flight add their leases until an answer shows them, so two pods filtered at once
+never both count on the same free memory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from agent.admission.policy import DeviceView
+from agent.api.proto import agent_pb2 as pb
+from agent.core.lease import Lease
+from agent.kube.agents import AgentLink, Connect
+from agent.kube.views import device_views
+
+log = logging.getLogger(__name__)
+
+ALLOCATED = "lease.allocated"  # the agent's event when the kubelet allocated a lease
+COALESCE_S = 0.02
+RETRY_MAX_S = 5.0
+ALLOCATED_KEPT = 10_000
+
+
+@dataclass
+class NodeEntry:
+    node_name: str
+    target: str
+    link: AgentLink | None = None
+    snapshot: pb.GetNodeResponse | None = None
+    error: str = "not connected yet"
+    pending: dict[str, Lease] = field(default_factory=dict)
+    allocated: dict[str, asyncio.Event] = field(default_factory=dict)
+    allocated_ids: dict[str, None] = field(default_factory=dict)  # newest last, bounded
+    dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class AgentCache:
+    def __init__(self, connect: Connect) -> None:
+        self._connect = connect
+        self.nodes: dict[str, NodeEntry] = {}
+
+    # -- membership ------------------------------------------------------------------------
+
+    def set_targets(self, targets: Mapping[str, str]) -> None:
+        """Follow these agents (node -> target): start new ones, stop gone or moved ones."""
+        for node, entry in list(self.nodes.items()):
+            if targets.get(node) != entry.target:
+                self._stop(node)
+        for node, target in targets.items():
+            if node not in self.nodes:
+                entry = NodeEntry(node, target)
+                entry.task = asyncio.create_task(self._follow(entry), name=f"agent-{node}")
+                self.nodes[node] = entry
+
+    def _stop(self, node: str) -> None:
+        entry = self.nodes.pop(node)
+        if entry.task is not None:
+            entry.task.cancel()
+
+    async def aclose(self) -> None:
+        tasks = [e.task for e in self.nodes.values() if e.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.nodes.clear()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Until every followed agent answered once (or ``timeout_s``)."""
+        waits = [e.ready.wait() for e in self.nodes.values()]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+
+    # -- what the extender reads -------------------------------------------------------------
+
+    def views(self, node: str) -> list[DeviceView] | None:
+        entry = self.nodes.get(node)
+        if entry is None or entry.snapshot is None or entry.link is None:
+            return None
+        return device_views(entry.snapshot, entry.pending.values())
+
+    def why_unknown(self, node: str) -> str:
+        entry = self.nodes.get(node)
+        if entry is None:
+            return "no gpushare agent runs on this node"
+        return f"the gpushare agent at {entry.target} does not answer: {entry.error}"
+
+    def link(self, node: str) -> AgentLink | None:
+        entry = self.nodes.get(node)
+        return entry.link if entry is not None else None
+
+    def add_pending(self, node: str, lease: Lease) -> None:
+        if (entry := self.nodes.get(node)) is not None:
+            entry.pending[lease.lease_id] = lease
+            entry.dirty.set()
+
+    def drop_pending(self, node: str, lease_id: str) -> None:
+        if (entry := self.nodes.get(node)) is not None:
+            entry.pending.pop(lease_id, None)
+            entry.dirty.set()
+
+    async def wait_allocated(self, node: str, lease_id: str, timeout_s: float) -> bool:
+        """Until the agent reports the kubelet allocated ``lease_id`` (``lease.allocated``),
+        or ``timeout_s``; False on timeout."""
+        entry = self.nodes.get(node)
+        if entry is None:
+            return False
+        if lease_id in entry.allocated_ids:
+            return True
+        event = entry.allocated.setdefault(lease_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            entry.allocated.pop(lease_id, None)
+
+    # -- following one agent -----------------------------------------------------------------
+
+    async def _follow(self, entry: NodeEntry) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with self._connect(entry.target) as link:
+                    await self._serve(entry, link)
+            except asyncio.CancelledError:
+                raise
+            except (grpc.aio.AioRpcError, OSError) as exc:
+                entry.error = _why(exc)
+                log.warning("agent on %s (%s): %s", entry.node_name, entry.target, entry.error)
+            entry.link = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _serve(self, entry: NodeEntry, link: AgentLink) -> None:
+        entry.snapshot = await link.get_node()
+        entry.link, entry.error = link, ""
+        entry.ready.set()
+        refresher = asyncio.create_task(
+            self._refresh(entry, link), name=f"refresh-{entry.node_name}"
+        )
+        try:
+            async for event in link.watch_events(since_seq=entry.snapshot.last_event_seq):
+                if event.kind == ALLOCATED:
+                    _remember(entry.allocated_ids, event.lease_id)
+                    if waiter := entry.allocated.get(event.lease_id):
+                        waiter.set()
+                entry.dirty.set()
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+
+    async def _refresh(self, entry: NodeEntry, link: AgentLink) -> None:
+        while True:
+            await entry.dirty.wait()
+            await asyncio.sleep(COALESCE_S)
+            entry.dirty.clear()
+            started = time.monotonic()
+            try:
+                snapshot = await link.get_node()
+            except grpc.aio.AioRpcError as exc:
+                entry.error = _why(exc)
+                entry.dirty.set()
+                await asyncio.sleep(RETRY_MAX_S / 10)
+                continue
+            entry.snapshot = snapshot
+            shown = {x.lease_id for x in snapshot.leases}
+            for lease_id in [x for x in entry.pending if x in shown]:
+                del entry.pending[lease_id]
+            log.debug(
+                "agent %s refreshed in %.1f ms", entry.node_name, 1e3 * (time.monotonic() - started)
+            )
+
+
+def _remember(ids: dict[str, None], lease_id: str) -> None:
+    ids[lease_id] = None
+    while len(ids) > ALLOCATED_KEPT:
+        del ids[next(iter(ids))]
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,113 @@
+"""The cluster side's composition root (``gpushare kube serve``): one process holds the
+agents' cache, the extender (beside kube-scheduler), the lease controller and, if asked,
+the admission webhook. They share one identity towards the agents: a lease made by the
+extender is released by the controller as its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from aiohttp import web
+
+from agent.admission.policy import Rules
+from agent.client import AgentClient, read_token_file, tls_credentials
+from agent.kube.agents import AgentLink, Connect, targets_from_slices
+from agent.kube.binder import Binder, BindOptions
+from agent.kube.cache import AgentCache
+from agent.kube.controller import LeaseController
+from agent.kube.extender import Extender, build_extender_app
+from agent.kube.port import KubeApi, KubeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    agents_namespace: str = "gpushare-system"
+    agents_service: str = "gpushare-agent"
+    agent_ca_file: str = ""  # TLS towards the agents: their CA
+    agent_cert_file: str = ""  # mutual TLS: this side's certificate and key
+    agent_key_file: str = ""
+    agent_token_file: str = ""  # or a bearer token over TLS
+    insecure_agents: bool = False  # plaintext to the agents (tests and kind only)
+    extender_listen: str = "127.0.0.1:8888"  # kube-scheduler runs in the same pod
+    webhook_listen: str = ""  # "0.0.0.0:8443" with the two files below; "" for none
+    webhook_cert_file: str = ""
+    webhook_key_file: str = ""
+    discovery_interval_s: float = 10.0
+    bind: BindOptions = field(default_factory=BindOptions)
+    reconcile_interval_s: float = 60.0
+    rules: Rules = field(default_factory=Rules)
+
+
+def connector(options: ClusterOptions) -> Connect:
+    """target -> an AgentClient in ``async with`` (TLS and token from the options)."""
+    credentials: grpc.ChannelCredentials | None = None
+    if not options.insecure_agents:
+        credentials = tls_credentials(
+            options.agent_ca_file,
+            cert_file=options.agent_cert_file,
+            key_file=options.agent_key_file,
+        )
+    token = read_token_file(options.agent_token_file) if options.agent_token_file else None
+
+    def connect(target: str) -> contextlib.AbstractAsyncContextManager[AgentLink]:
+        return AgentClient(target, token=token, credentials=credentials, attempts=2)
+
+    return connect
+
+
+async def discover(api: KubeApi, cache: AgentCache, options: ClusterOptions) -> None:
+    """Follow the agents' headless Service: its EndpointSlices name one agent per node."""
+    while True:
+        try:
+            slices = await api.list_endpoint_slices(
+                options.agents_namespace, options.agents_service
+            )
+            cache.set_targets(targets_from_slices(slices))
+        except KubeError as exc:
+            log.warning("cannot list the agents' endpoints: %s", exc)
+        await asyncio.sleep(options.discovery_interval_s)
+
+
+@contextlib.asynccontextmanager
+async def site(
+    app: web.Application, listen: str, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[web.TCPSite]:
+    host, _, port = listen.rpartition(":")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    served = web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port), ssl_context=tls)
+    await served.start()
+    try:
+        yield served
+    finally:
+        await runner.cleanup()
+
+
+async def run_cluster_side(api: KubeApi, options: ClusterOptions) -> None:
+    """Serve until cancelled."""
+    cache = AgentCache(connector(options))
+    binder = Binder(api, cache, options.bind)
+    controller = LeaseController(api, cache, reconcile_interval_s=options.reconcile_interval_s)
+    extender = Extender(cache, binder, options.rules)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(cache.aclose)
+        await stack.enter_async_context(site(build_extender_app(extender), options.extender_listen))
+        log.info("extender serving on %s", options.extender_listen)
+        if options.webhook_listen:
+            from agent.kube.webhook import build_webhook_app
+
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(options.webhook_cert_file, options.webhook_key_file)
+            await stack.enter_async_context(site(build_webhook_app(), options.webhook_listen, tls))
+            log.info("webhook serving on %s", options.webhook_listen)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(discover(api, cache, options), name="agent-discovery")
+            group.create_task(controller.run(), name="lease-controller")

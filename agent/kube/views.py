@@ -1,0 +1,70 @@
+"""An agent's ``GetNode`` answer as the admission rules see a node: one
+:class:`DeviceView` per device, so the extender filters with the agent's own rules and
+words (``agent.admission.policy``), from a cache instead of a call per pod."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.admission.policy import DeviceView
+from agent.api.proto import agent_pb2 as pb
+from agent.core.lease import Lease, LeaseState
+from agent.core.types import Device, PriorityClass, ReasonCode, SharingMode
+
+
+def device_of(message: pb.Device) -> Device:
+    major, _, minor = message.compute_capability.partition(".")
+    capability = (int(major), int(minor)) if major.isdigit() and minor.isdigit() else (0, 0)
+    return Device(
+        uuid=message.uuid,
+        index=message.index,
+        model=message.model,
+        memory_bytes=message.memory_bytes,
+        sharing_mode=SharingMode(message.sharing_mode or "mps"),
+        compute_capability=capability,
+        parent_uuid=message.parent_uuid or None,
+        mig_profile=message.mig_profile or None,
+    )
+
+
+def lease_of(message: pb.Lease) -> Lease:
+    return Lease(
+        lease_id=message.lease_id,
+        request_id=message.request_id,
+        tenant=message.tenant,
+        trust_domain=message.trust_domain,
+        device_uuid=message.device_uuid,
+        priority=PriorityClass(message.priority),
+        memory_bytes=message.memory_bytes,
+        thread_pct=message.thread_pct,
+        state=LeaseState(message.state),
+        created_at=message.created_at,
+        updated_at=message.updated_at,
+        gang_id=message.gang_id or None,
+        pod=message.pod,
+    )
+
+
+def device_views(node: pb.GetNodeResponse, extra: Iterable[Lease] = ()) -> list[DeviceView]:
+    """The node's devices with their live leases, plus ``extra`` (binds in flight that the
+    answer does not show yet)."""
+    by_device: dict[str, list[Lease]] = {d.uuid: [] for d in node.devices}
+    seen = {x.lease_id for x in node.leases}
+    for lease in [
+        *(lease_of(x) for x in node.leases),
+        *(x for x in extra if x.lease_id not in seen),
+    ]:
+        by_device.setdefault(lease.device_uuid, []).append(lease)
+    closed = {x.device_uuid: x for x in node.ledger if x.closed}
+    views = []
+    for message in node.devices:
+        entry = closed.get(message.uuid)
+        views.append(
+            DeviceView(
+                device_of(message),
+                tuple(by_device[message.uuid]),
+                closed=ReasonCode(entry.closed) if entry is not None else None,
+                closed_detail=entry.closed_detail if entry is not None else "",
+            )
+        )
+    return views

@@ -1,0 +1,135 @@
+"""The agent as the kubelet's device plugin: Allocate hands out the oldest pod lease
+waiting for it, and PreStartContainer refuses a container of another pod than the lease's
+(the kubelet's PodResources says which pod got the share units)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.core.types import AdmissionRequest, PriorityClass
+from agent.core.units import GIB
+from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
+from agent.mps.fake import FakeMpsManager
+from agent.runtime.app import App, Ports
+from tests.helpers import running_app, short_dir, sim_settings
+from tests.kubelet.fake_kubelet import FakeKubelet, eventually
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with short_dir() as path:
+        yield path
+
+
+@pytest.fixture
+async def kubelet(root: Path) -> AsyncIterator[FakeKubelet]:
+    fake = FakeKubelet(root / "kubelet")
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def agent(root: Path, kubelet: FakeKubelet) -> AsyncIterator[App]:
+    settings = sim_settings(
+        root,
+        **{
+            "estimator.model_dir": "none",
+            "kubelet.enabled": True,
+            "kubelet.plugin_dir": str(kubelet.plugin_dir),
+            "kubelet.pod_resources_socket": str(kubelet.pod_resources_socket),
+            "kubelet.slots": 8,
+            "kubelet.shm_dir": str(root / "shm"),
+        },
+    )
+    ports = Ports(
+        gpu=FakeGpuBackend.with_gpus(2),
+        mps=FakeMpsManager(),
+        telemetry=[FakeTelemetrySource()],
+        simulated=True,
+    )
+    async with running_app(settings, ports) as app:
+        await kubelet.wait_for(lambda: len(kubelet.healthy()) == 8)
+        yield app
+
+
+async def admit(app: App, pod: str, memory_gib: int = 4) -> str:
+    assert app.node is not None
+    request = AdmissionRequest(
+        f"uid-{pod}", "ns", "ns", PriorityClass.BURSTABLE, memory_gib * GIB, 25, pod=f"ns/{pod}"
+    )
+    result = await app.node.admit(request)
+    assert result.lease is not None
+    return result.lease.lease_id
+
+
+async def test_each_pod_gets_its_own_lease_in_bind_order(agent: App, kubelet: FakeKubelet) -> None:
+    first, second = await admit(agent, "a"), await admit(agent, "b", 8)
+    got_a = await kubelet.allocate("ns", "a", "main", 1)
+    got_b = await kubelet.allocate("ns", "b", "main", 1)
+    assert got_a.error is None and got_b.error is None
+    assert got_a.response is not None and got_b.response is not None
+    env_a, env_b = dict(got_a.response.envs), dict(got_b.response.envs)
+    assert (env_a["GPUSHARE_LEASE_ID"], env_b["GPUSHARE_LEASE_ID"]) == (first, second)
+    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert env_b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    assert env_a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env_a["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    mounts = {m.container_path: m.host_path for m in got_a.response.mounts}
+    assert mounts[env_a["CUDA_MPS_PIPE_DIRECTORY"]] == env_a["CUDA_MPS_PIPE_DIRECTORY"]
+    assert mounts["/dev/shm"].endswith("/shm")
+    assert await agent.events.flush()
+    allocated = [e.lease_id for e in agent.events.since(0) if e.kind == "lease.allocated"]
+    assert allocated == [first, second]
+
+
+async def test_a_container_of_another_pod_is_refused_at_pre_start(
+    agent: App, kubelet: FakeKubelet
+) -> None:
+    lease = await admit(agent, "a")
+    await admit(agent, "b")
+    wrong = await kubelet.allocate("ns", "b", "main", 1)  # the kubelet took b first
+    assert wrong.failed_at == "PreStartContainer" and wrong.error is not None
+    assert wrong.error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert f"lease {lease} of pod ns/a" in str(wrong.error.details())
+    assert "gave them to pod ns/b" in str(wrong.error.details())
+    assert await agent.events.flush()
+    kinds = [e.kind for e in agent.events.since(0) if e.lease_id == lease]
+    assert "lease.allocation_mismatch" in kinds
+
+
+async def test_allocate_with_no_pod_lease_waiting_is_refused(
+    agent: App, kubelet: FakeKubelet
+) -> None:
+    refused = await kubelet.allocate("ns", "stray", "main", 1)
+    assert refused.failed_at == "Allocate" and refused.error is not None
+    assert refused.error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "must be bound by the gpushare scheduler" in str(refused.error.details())
+
+
+async def test_the_device_plugin_leaves_with_the_agent(root: Path, kubelet: FakeKubelet) -> None:
+    settings = sim_settings(
+        root,
+        **{
+            "estimator.model_dir": "none",
+            "kubelet.enabled": True,
+            "kubelet.plugin_dir": str(kubelet.plugin_dir),
+            "kubelet.pod_resources_socket": str(kubelet.pod_resources_socket),
+        },
+    )
+    ports = Ports(
+        gpu=FakeGpuBackend.with_gpus(1),
+        mps=FakeMpsManager(),
+        telemetry=[FakeTelemetrySource()],
+        simulated=True,
+    )
+    async with running_app(settings, ports):
+        await kubelet.wait_for(lambda: len(kubelet.healthy()) == 64)
+    await eventually(lambda: not kubelet.healthy())  # streams ended: devices unhealthy
+    assert not (kubelet.plugin_dir / "gpushare.sock").exists()

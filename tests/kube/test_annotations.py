@@ -1,0 +1,333 @@
+"""What a pod asks, read from its annotations: every rule, good and bad, by tables."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from agent.admission.sizing import Mode, SizingSpec
+from agent.api import validate
+from agent.core.errors import UnitError, ValidationError
+from agent.core.types import PriorityClass
+from agent.core.units import GIB, MIB
+from agent.kube import annotations as a
+from agent.kube.annotations import AnnotationError, parse_ask, parse_quantity, wants_share
+
+NS = "team-a"
+UID = "6f1c1b0e-4c1a-4a52-9f7e-3d2a1b0c9e8f"
+SHARE = {"limits": {"gpushare.io/share": "1"}, "requests": {"gpushare.io/share": "1"}}
+ASK = {"gpushare.io/memory": "20Gi", "gpushare.io/threads": "25"}
+INFERENCE = (
+    "{parameters: 7e9, mode: inference, layers: 32, kv_heads: 8, head_dim: 128,"
+    " context_length: 4096}"
+)
+INFERENCE_BYTES = 7 * 10**9 * 2 + 2 * 32 * 8 * 128 * 2 * 4096  # bf16 weights + KV cache
+
+
+def container(name: str = "main", resources: Any = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "image": "registry.example/train:1"}
+    if resources is not None:
+        body["resources"] = resources
+    return {**body, **extra}
+
+
+def pod(
+    annotations: dict[str, str] | None = None,
+    *,
+    containers: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+    namespace: str | None = NS,
+    uid: str | None = UID,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "train-42-0", "annotations": dict(annotations or {})}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    if uid is not None:
+        meta["uid"] = uid
+    spec: dict[str, Any] = {"containers": containers or [container(resources=SHARE)]}
+    if init is not None:
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def asks(**changes: str | None) -> dict[str, str]:
+    """ASK with annotations set (a value) or removed (None); keys use _ for -."""
+    merged: dict[str, str | None] = dict(ASK)
+    for key, value in changes.items():
+        merged[f"gpushare.io/{key.replace('_', '-')}"] = value
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+# -- good ------------------------------------------------------------------------------
+
+GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("defaults", pod(ASK), {
+        "memory_bytes": 20 * GIB, "sizing": None, "thread_pct": 25.0,
+        "priority": PriorityClass.BURSTABLE, "gang_id": "", "gang_size": 0,
+        "tenant": NS, "trust_domain": NS, "request_id": UID, "shares": 1,
+    }),
+    ("memory Mi", pod(asks(memory="512Mi")), {"memory_bytes": 512 * MIB}),
+    ("memory G is decimal", pod(asks(memory="20G")), {"memory_bytes": 20 * 10**9}),
+    ("memory fraction", pod(asks(memory="1.5Gi")), {"memory_bytes": 3 * GIB // 2}),
+    ("memory exponent", pod(asks(memory="4e9")), {"memory_bytes": 4 * 10**9}),
+    ("memory agent GiB", pod(asks(memory="20GiB")), {"memory_bytes": 20 * GIB}),
+    ("memory agent GB", pod(asks(memory="20GB")), {"memory_bytes": 20 * 10**9}),
+    ("memory plain bytes", pod(asks(memory="1048576")), {"memory_bytes": MIB}),
+    ("memory spaces", pod(asks(memory=" 8Gi ")), {"memory_bytes": 8 * GIB}),
+    ("memory lowest", pod(asks(memory="1Mi")), {"memory_bytes": MIB}),
+    ("memory highest", pod(asks(memory="1Pi")), {"memory_bytes": 2**50}),
+    ("threads 100", pod(asks(threads="100")), {"thread_pct": 100.0}),
+    ("threads fraction", pod(asks(threads="0.5")), {"thread_pct": 0.5}),
+    ("guaranteed", pod(asks(priority="guaranteed")), {"priority": PriorityClass.GUARANTEED}),
+    ("burstable", pod(asks(priority="burstable")), {"priority": PriorityClass.BURSTABLE}),
+    ("best-effort", pod(asks(priority="best-effort")), {"priority": PriorityClass.BEST_EFFORT}),
+    ("gang", pod(asks(gang="job-42", gang_size="4")), {"gang_id": "job-42", "gang_size": 4}),
+    ("gang of one", pod(asks(gang="solo", gang_size="1")), {"gang_size": 1}),
+    ("gang biggest", pod(asks(gang="g", gang_size="10000")), {"gang_size": 10_000}),
+    ("gang longest", pod(asks(gang="g" * 121, gang_size="2")), {"gang_id": "g" * 121}),
+    ("gang id chars", pod(asks(gang="a.b_c:d/e@f+g=h-1", gang_size="2")),
+     {"gang_id": "a.b_c:d/e@f+g=h-1"}),
+    ("sizing inference", pod(asks(memory=None, sizing=INFERENCE)), {
+        "memory_bytes": INFERENCE_BYTES,
+        "sizing": SizingSpec(7 * 10**9, Mode.INFERENCE, "bf16", 32, 8, 128, 4096, 1),
+    }),
+    ("sizing JSON training", pod(asks(memory=None, sizing='{"parameters": 1000000000, '
+                                                         '"mode": "training"}')),
+     {"memory_bytes": 16 * 10**9}),
+    ("sizing fp8 two sequences", pod(asks(memory=None, sizing=INFERENCE.replace(
+        "}", ", dtype: fp8, concurrent_sequences: 2}"))),
+     {"memory_bytes": 7 * 10**9 + 2 * 32 * 8 * 128 * 4096 * 2}),
+    ("sizing sequences 0 is 1", pod(asks(memory=None, sizing=INFERENCE.replace(
+        "}", ", concurrent_sequences: 0}"))), {"memory_bytes": INFERENCE_BYTES}),
+    ("share as int", pod(ASK, containers=[container(resources={"limits": {
+        "gpushare.io/share": 1}})]), {"shares": 1}),
+    ("share in requests only", pod(ASK, containers=[container(resources={"requests": {
+        "gpushare.io/share": "1"}})]), {"shares": 1}),
+    ("share in an init container", pod(ASK, containers=[container()],
+                                      init=[container("setup", resources=SHARE)]), {"shares": 1}),
+    ("share beside plain containers", pod(ASK, containers=[
+        container("sidecar"), container(resources=SHARE)]), {"shares": 1}),
+    ("no uid yet (webhook)", pod(ASK, uid=None), {"request_id": ""}),
+    ("namespace is the trust domain", pod({
+        **ASK, "gpushare.io/tenant": "other", "gpushare.io/trust-domain": "other",
+        "gpushare.io/trust_domain": "other"}), {"tenant": NS, "trust_domain": NS}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("the_pod", "expected"), [g[1:] for g in GOOD], ids=[g[0] for g in GOOD])
+def test_good_asks(the_pod: dict[str, Any], expected: dict[str, Any]) -> None:
+    ask = parse_ask(the_pod)
+    assert {name: getattr(ask, name) for name in expected} == expected
+
+
+def test_an_ask_is_frozen() -> None:
+    ask = parse_ask(pod(ASK))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ask.tenant = "other"  # type: ignore[misc]
+
+
+# -- bad -------------------------------------------------------------------------------
+
+M, S, T, P = (
+    "gpushare.io/memory",
+    "gpushare.io/sizing",
+    "gpushare.io/threads",
+    "gpushare.io/priority",
+)
+G, GS, R = "gpushare.io/gang", "gpushare.io/gang-size", "gpushare.io/share"
+
+BAD: list[tuple[str, dict[str, Any], str, str]] = [
+    ("no memory, no sizing", pod(asks(memory=None)), M, "is required (or gpushare.io/sizing)"),
+    ("memory and sizing", pod(asks(sizing=INFERENCE)), M, "not both"),
+    ("memory words", pod(asks(memory="twenty gigs")), M, "cannot read"),
+    ("memory lower-case gi", pod(asks(memory="20gi")), M, "cannot read"),
+    ("memory space before unit", pod(asks(memory="20 Gi")), M, "cannot read"),
+    ("memory milli", pod(asks(memory="512m")), M, "milli"),
+    ("memory negative", pod(asks(memory="-1Gi")), M, "negative"),
+    ("memory zero", pod(asks(memory="0")), M, "under 1 MiB"),
+    ("memory under a MiB", pod(asks(memory="1023Ki")), M, "under 1 MiB"),
+    ("memory over a PiB", pod(asks(memory="1025Ti")), M, "over 1 PiB"),
+    ("memory huge exponent", pod(asks(memory="1e999")), M, "over 1 PiB"),
+    ("memory bad agent unit", pod(asks(memory="20XiB")), M, "cannot read"),
+    ("memory too long", pod(asks(memory="1" * 65)), M, "longer than 64"),
+    ("memory not a string", pod({**ASK, M: 20}), M, "must be a string"),  # type: ignore[dict-item]
+    ("threads missing", pod(asks(threads=None)), T, "is required"),
+    ("threads words", pod(asks(threads="a quarter")), T, "must be a number in (0, 100]"),
+    ("threads percent sign", pod(asks(threads="25%")), T, "must be a number in (0, 100]"),
+    ("threads zero", pod(asks(threads="0")), T, "must be a number in (0, 100]"),
+    ("threads negative", pod(asks(threads="-5")), T, "must be a number in (0, 100]"),
+    ("threads over 100", pod(asks(threads="100.5")), T, "must be a number in (0, 100]"),
+    ("threads nan", pod(asks(threads="nan")), T, "must be a number in (0, 100]"),
+    ("threads inf", pod(asks(threads="inf")), T, "must be a number in (0, 100]"),
+    ("threads overflow", pod(asks(threads="1e999")), T, "must be a number in (0, 100]"),
+    ("priority unknown", pod(asks(priority="high")), P, "guaranteed, burstable or best-effort"),
+    ("priority case", pod(asks(priority="Guaranteed")), P, "guaranteed, burstable or best-effort"),
+    ("priority empty", pod(asks(priority="")), P, "guaranteed, burstable or best-effort"),
+    ("priority underscore", pod(asks(priority="best_effort")), P, "best-effort"),
+    ("gang without size", pod(asks(gang="job-42")), G, "without gpushare.io/gang-size"),
+    ("size without gang", pod(asks(gang_size="4")), GS, "without gpushare.io/gang"),
+    ("gang size zero", pod(asks(gang="g", gang_size="0")), GS, "from 1 to 10000"),
+    ("gang size fraction", pod(asks(gang="g", gang_size="1.5")), GS, "from 1 to 10000"),
+    ("gang size words", pod(asks(gang="g", gang_size="four")), GS, "from 1 to 10000"),
+    ("gang size negative", pod(asks(gang="g", gang_size="-4")), GS, "from 1 to 10000"),
+    ("gang size too big", pod(asks(gang="g", gang_size="10001")), GS, "from 1 to 10000"),
+    ("gang size empty", pod(asks(gang="g", gang_size="")), GS, "from 1 to 10000"),
+    ("gang space", pod(asks(gang="job 42", gang_size="4")), G, "letters, digits and ._:/@+=-"),
+    ("gang hash", pod(asks(gang="job#42", gang_size="4")), G, "letters, digits and ._:/@+=-"),
+    ("gang newline", pod(asks(gang="job\n42", gang_size="4")), G, "letters, digits"),
+    ("gang unicode", pod(asks(gang="jöb", gang_size="4")), G, "letters, digits"),
+    ("gang empty", pod(asks(gang="", gang_size="4")), G, "is empty"),
+    ("gang too long", pod(asks(gang="g" * 129, gang_size="4")), G, "longer than 128"),
+    ("gang with namespace too long", pod(asks(gang="g" * 65, gang_size="4"),
+                                         namespace="n" * 63), G, "must fit 128"),
+    ("sizing not YAML", pod(asks(memory=None, sizing="{parameters: [")), S, "not YAML or JSON"),
+    ("sizing a number", pod(asks(memory=None, sizing="7e9")), S, "must be an object"),
+    ("sizing a list", pod(asks(memory=None, sizing="[7e9, inference]")), S, "must be an object"),
+    ("sizing no parameters", pod(asks(memory=None, sizing="{mode: training}")), S,
+     "parameters is required"),
+    ("sizing no mode", pod(asks(memory=None, sizing="{parameters: 7e9}")), S, "mode is required"),
+    ("sizing unknown field", pod(asks(memory=None, sizing="{parameters: 1, mode: training, "
+                                                          "params: 2}")), S, "unknown field"),
+    ("sizing bad mode", pod(asks(memory=None, sizing="{parameters: 7e9, mode: serving}")), S,
+     "mode must be training or inference"),
+    ("sizing negative", pod(asks(memory=None, sizing="{parameters: -1, mode: training}")), S,
+     "parameters must be a whole number"),
+    ("sizing words", pod(asks(memory=None, sizing="{parameters: lots, mode: training}")), S,
+     "parameters must be a whole number"),
+    ("sizing fraction", pod(asks(memory=None, sizing="{parameters: 1.5, mode: training}")), S,
+     "parameters must be a whole number"),
+    ("sizing bool", pod(asks(memory=None, sizing="{parameters: true, mode: training}")), S,
+     "parameters must be a whole number"),
+    ("sizing layers too big", pod(asks(memory=None, sizing=INFERENCE.replace(
+        "layers: 32", "layers: 5000000000"))), S, "layers must be a whole number"),
+    ("sizing zero parameters", pod(asks(memory=None, sizing="{parameters: 0, mode: training}")),
+     S, "parameters must be a positive number"),
+    ("sizing inference without layers", pod(asks(memory=None, sizing=INFERENCE.replace(
+        "layers: 32, ", ""))), S, "layers must be positive"),
+    ("sizing bad dtype", pod(asks(memory=None, sizing=INFERENCE.replace(
+        "}", ", dtype: fp64}"))), S, "dtype must be one of"),
+    ("sizing dtype not a string", pod(asks(memory=None, sizing=INFERENCE.replace(
+        "}", ", dtype: 16}"))), S, "dtype must be a string"),
+    ("sizing over a PiB", pod(asks(memory=None, sizing="{parameters: 1e14, mode: training}")), S,
+     "over 1 PiB"),
+    ("sizing under a MiB", pod(asks(memory=None, sizing="{parameters: 1000, mode: training}")),
+     S, "under 1 MiB"),
+    ("sizing too long", pod(asks(memory=None, sizing="{" + " " * 1100 + "}")), S,
+     "longer than 1024"),
+    ("no share requested", pod(ASK, containers=[container()]), R, "no container requests it"),
+    ("share zero", pod(ASK, containers=[container(resources={"limits": {R: "0"}})]), R,
+     "no container requests it"),
+    ("two shares in one container", pod(ASK, containers=[container(resources={"limits": {
+        R: "2"}})]), R, "requests 2 in all; a pod gets one lease"),
+    ("two containers", pod(ASK, containers=[container("a", resources=SHARE),
+                                            container("b", resources=SHARE)]), R, "requests 2"),
+    ("init and app", pod(ASK, init=[container("setup", resources=SHARE)]), R, "requests 2"),
+    ("share milli", pod(ASK, containers=[container(resources={"limits": {R: "500m"}})]), R,
+     "spec.containers[0] asks for '500m': must be a whole number"),
+    ("share negative", pod(ASK, containers=[container(resources={"limits": {R: -1}})]), R,
+     "must be a whole number"),
+    ("no namespace", pod(ASK, namespace=None), "metadata.namespace", "is required"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "field", "reason"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
+)
+def test_bad_asks(the_pod: dict[str, Any], field: str, reason: str) -> None:
+    with pytest.raises(AnnotationError) as caught:
+        parse_ask(the_pod)
+    assert caught.value.field == field
+    assert reason in caught.value.reason
+    assert str(caught.value) == f"{field}: {caught.value.reason}"
+    assert isinstance(caught.value, ValidationError)
+
+
+# -- quantities ------------------------------------------------------------------------
+
+QUANTITIES = [
+    ("1", 1), ("1Ki", 1024), ("1k", 1000), ("1M", 10**6), ("2Ti", 2 * 2**40), ("1T", 10**12),
+    ("1P", 10**15), ("1Ei", 2**60), ("1E", 10**18), ("1E3", 1000), ("1e3", 1000),
+    ("25e-1", 2), (".5Gi", GIB // 2), ("5.Gi", 5 * GIB), ("+3Mi", 3 * MIB),
+    ("0.3", 0), ("1.9", 1), ("512MiB", 512 * MIB), ("1 GiB", GIB), ("100b", 100),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), QUANTITIES, ids=[q[0] for q in QUANTITIES])
+def test_quantities(text: str, expected: int) -> None:
+    assert parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["", "Gi", "1Gi5", "1gi", "1 Gi", "1m", "-1", "1e", "--1", "1iB", "2e1Ki"]
+)
+def test_not_quantities(text: str) -> None:
+    with pytest.raises(UnitError):
+        parse_quantity(text)
+
+
+# -- who wants a share -----------------------------------------------------------------
+
+WANTS = [
+    ("plain pod", pod(containers=[container()]), False),
+    ("another resource", pod(containers=[container(resources={"limits": {
+        "nvidia.com/gpu": "1"}})]), False),
+    ("only the lease annotation", pod({"gpushare.io/lease": "l-1"},
+                                      containers=[container()]), False),
+    ("only the node-agent annotation", pod({"gpushare.io/node-agent": "n:1"},
+                                           containers=[container()]), False),
+    ("another gpushare annotation", pod({"gpushare.io/comment": "x"},
+                                        containers=[container()]), False),
+    ("share in limits", pod(containers=[container(resources={"limits": {R: "1"}})]), True),
+    ("share in requests", pod(containers=[container(resources={"requests": {R: "1"}})]), True),
+    ("share in init container", pod(containers=[container()], init=[container(
+        resources=SHARE)]), True),
+    ("share of zero still names it", pod(containers=[container(resources={"limits": {
+        R: "0"}})]), True),
+    *[(f"only {name}", pod({name: "x"}, containers=[container()]), True)
+      for name in a.REQUEST_ANNOTATIONS],
+    ("no spec at all", {"metadata": {"name": "x"}}, False),
+    ("empty", {}, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("the_pod", "expected"), [w[1:] for w in WANTS], ids=[w[0] for w in WANTS])
+def test_wants_share(the_pod: dict[str, Any], expected: bool) -> None:
+    assert wants_share(the_pod) is expected
+
+
+# -- the names and the agent's own rules -----------------------------------------------
+
+
+def test_names() -> None:
+    assert (a.MEMORY_ANNOTATION, a.SIZING_ANNOTATION, a.THREADS_ANNOTATION) == (M, S, T)
+    assert (a.PRIORITY_ANNOTATION, a.GANG_ANNOTATION, a.GANG_SIZE_ANNOTATION) == (P, G, GS)
+    assert a.LEASE_ANNOTATION == "gpushare.io/lease"
+    assert a.NODE_AGENT_ANNOTATION == "gpushare.io/node-agent"
+    assert a.FINALIZER == "gpushare.io/lease"
+    assert a.RESOURCE == R
+    assert a.SCHEDULER_NAME == "gpushare"
+    assert set(a.REQUEST_ANNOTATIONS).isdisjoint(a.CLUSTER_ANNOTATIONS)
+
+
+def test_bounds_are_the_agents() -> None:
+    assert a.MIN_MEMORY_BYTES == validate.MIN_MEMORY_BYTES
+    assert a.MAX_MEMORY_BYTES == validate.MAX_MEMORY_BYTES
+    assert a.MAX_IDENTIFIER == validate.MAX_TEXT
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["job-42", "a.b_c:d/e@f+g=h", "x" * 128, "x" * 129, "job 42", "job#42", "", "jöb", "a\tb",
+     "a\u202eb", "semi;colon", "back\\slash"],
+)  # fmt: skip
+def test_identifier_rule_is_the_agents(value: str) -> None:
+    def accepted(check: Any) -> bool:
+        try:
+            check(value, "gang")
+        except ValidationError:
+            return False
+        return True
+
+    assert accepted(a.identifier) == accepted(validate.identifier)
