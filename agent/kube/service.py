@@ -91,16 +91,30 @@ async def site(
         await runner.cleanup()
 
 
-async def run_cluster_side(api: KubeApi, options: ClusterOptions) -> None:
-    """Serve until cancelled."""
-    cache = AgentCache(connector(options))
-    binder = Binder(api, cache, options.bind)
-    controller = LeaseController(api, cache, reconcile_interval_s=options.reconcile_interval_s)
-    extender = Extender(cache, binder, options.rules)
-    async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(cache.aclose)
-        await stack.enter_async_context(site(build_extender_app(extender), options.extender_listen))
-        log.info("extender serving on %s", options.extender_listen)
+class ClusterSide:
+    """Start, then serve until :meth:`aclose`; ``extender_port`` is the bound port."""
+
+    def __init__(self, api: KubeApi, options: ClusterOptions) -> None:
+        self.api = api
+        self.options = options
+        self.cache = AgentCache(connector(options))
+        self.binder = Binder(api, self.cache, options.bind)
+        self.controller = LeaseController(
+            api, self.cache, reconcile_interval_s=options.reconcile_interval_s
+        )
+        self.extender = Extender(self.cache, self.binder, options.rules)
+        self.extender_port = 0
+        self._stack = contextlib.AsyncExitStack()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        stack, options = self._stack, self.options
+        stack.push_async_callback(self.cache.aclose)
+        served = await stack.enter_async_context(
+            site(build_extender_app(self.extender), options.extender_listen)
+        )
+        self.extender_port = _port_of(served)
+        log.info("extender serving on %s (port %d)", options.extender_listen, self.extender_port)
         if options.webhook_listen:
             from agent.kube.webhook import build_webhook_app
 
@@ -108,6 +122,36 @@ async def run_cluster_side(api: KubeApi, options: ClusterOptions) -> None:
             tls.load_cert_chain(options.webhook_cert_file, options.webhook_key_file)
             await stack.enter_async_context(site(build_webhook_app(), options.webhook_listen, tls))
             log.info("webhook serving on %s", options.webhook_listen)
-        async with asyncio.TaskGroup() as group:
-            group.create_task(discover(api, cache, options), name="agent-discovery")
-            group.create_task(controller.run(), name="lease-controller")
+        self._tasks = [
+            asyncio.create_task(discover(self.api, self.cache, options), name="agent-discovery"),
+            asyncio.create_task(self.controller.run(), name="lease-controller"),
+        ]
+
+    async def wait(self) -> None:
+        """Until a task fails (its exception is raised) or :meth:`aclose`."""
+        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stack.aclose()
+
+
+def _port_of(served: web.TCPSite) -> int:
+    server = served._server  # aiohttp keeps the asyncio server here
+    sockets = getattr(server, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else 0
+
+
+async def run_cluster_side(api: KubeApi, options: ClusterOptions) -> None:
+    """Serve until cancelled or a part fails."""
+    side = ClusterSide(api, options)
+    await side.start()
+    try:
+        await side.wait()
+    finally:
+        await side.aclose()

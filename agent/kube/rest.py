@@ -1,0 +1,325 @@
+"""The one adapter of :class:`agent.kube.port.KubeApi`: ``kubernetes_asyncio``'s generated
+``CoreV1Api`` and ``DiscoveryV1Api`` over one ``ApiClient`` (its aiohttp session, its TLS
+and bearer-token handling, in-cluster configuration with token rotation).
+
+Every call asks for the raw response (``_preload_content=False``) and decodes the JSON
+itself: objects stay as the API server sent them (no model round trip, no renamed fields)
+and the error statuses are read from the server's own ``Status`` body. Watches are read
+line by line from the same list call with ``watch=true`` rather than through
+``kubernetes_asyncio.watch.Watch``, which turns every event into a model object, opens a
+second client with the default configuration, and retries a 410 by itself when no timeout
+is set; here a 410 is the caller's to handle (list again).
+
+Errors: 404 :class:`NotFound`, 409 :class:`Conflict`, 410 (and a watch ``ERROR`` event of
+code 410) :class:`Gone`, any other status :class:`KubeError` with the server's reason;
+a connection that fails or times out is ``KubeError(0, "Unreachable", ...)``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, cast
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, DiscoveryV1Api
+from kubernetes_asyncio.client.exceptions import ApiException, OpenApiException
+from kubernetes_asyncio.config import ConfigException
+from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
+
+from agent.core.errors import ConfigError
+from agent.kube.port import (
+    Conflict,
+    Gone,
+    KubeError,
+    Listing,
+    NotFound,
+    Obj,
+    PatchKind,
+    WatchEvent,
+    WatchKind,
+)
+
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+PATCH_CONTENT_TYPES: Final[dict[PatchKind, str]] = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+}
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_BY_STATUS: Final[dict[int, type[KubeError]]] = {404: NotFound, 409: Conflict, 410: Gone}
+_WATCH_KINDS: Final[frozenset[str]] = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+_NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+def kube_error(status: int, reason: str, message: str) -> KubeError:
+    """The port's exception for an HTTP status."""
+    return _BY_STATUS.get(status, KubeError)(status, reason, message)
+
+
+def error_from_status(status: Obj, *, http_status: int = 0, http_reason: str = "") -> KubeError:
+    """A ``Status`` object (an error body or a watch ``ERROR`` event's object)."""
+    code = status.get("code")
+    return kube_error(
+        int(code) if isinstance(code, int) else http_status,
+        str(status.get("reason") or http_reason or "Unknown"),
+        str(status.get("message") or ""),
+    )
+
+
+def error_from_body(http_status: int, http_reason: str, body: bytes) -> KubeError:
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict) and decoded.get("kind") == "Status":
+        return error_from_status(decoded, http_status=http_status, http_reason=http_reason)
+    text = body.decode("utf-8", "replace").strip()[:500]
+    return kube_error(http_status, http_reason or "Unknown", text)
+
+
+def unreachable(exc: BaseException) -> KubeError:
+    return KubeError(0, "Unreachable", str(exc) or type(exc).__name__)
+
+
+def _selectors(field_selector: str, label_selector: str) -> dict[str, str]:
+    selectors = {"field_selector": field_selector, "label_selector": label_selector}
+    return {key: value for key, value in selectors.items() if value}
+
+
+class RestKubeApi:
+    """The Kubernetes API over HTTPS. Build it with :meth:`in_cluster` or :meth:`from_url`
+    (no I/O: the client and its connections are made on the first call, in the loop that
+    makes it), close it with :meth:`aclose`."""
+
+    def __init__(self, configuration: Configuration, *, timeout_s: float = 30.0) -> None:
+        self._configuration = configuration
+        self._timeout_s = timeout_s
+        self._apis: tuple[ApiClient, CoreV1Api, DiscoveryV1Api] | None = None
+
+    @classmethod
+    def in_cluster(
+        cls,
+        *,
+        token_file: str = f"{SERVICE_ACCOUNT}/token",
+        ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt",
+        environ: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> RestKubeApi:
+        """The pod's service account: ``KUBERNETES_SERVICE_HOST``/``_PORT``, its token
+        (read again every minute: bound tokens rotate) and the cluster's CA."""
+        configuration = Configuration()
+        loader = InClusterConfigLoader(
+            token_file, ca_file, environ=os.environ if environ is None else environ
+        )
+        try:
+            loader.load_and_set(configuration)
+        except ConfigException as exc:
+            raise ConfigError("kubernetes", f"not in a cluster: {exc}") from exc
+        reread = configuration.refresh_api_key_hook
+
+        def refresh(conf: Configuration) -> None:
+            """The loader's own (the file again when due), less a trailing newline."""
+            if callable(reread):
+                reread(conf)
+            conf.api_key["BearerToken"] = str(conf.api_key["BearerToken"]).strip()
+
+        configuration.refresh_api_key_hook = refresh
+        refresh(configuration)
+        return cls(configuration, timeout_s=timeout_s)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        token: str = "",
+        ca_file: str = "",
+        verify: bool = True,
+        timeout_s: float = 30.0,
+    ) -> RestKubeApi:
+        """An API server at ``url`` (``https://host:6443``), with a bearer token."""
+        configuration = Configuration(host=url.rstrip("/"))
+        if token:
+            configuration.api_key["BearerToken"] = f"Bearer {token.strip()}"
+        if ca_file:
+            configuration.ssl_ca_cert = ca_file
+        configuration.verify_ssl = verify
+        return cls(configuration, timeout_s=timeout_s)
+
+    @property
+    def host(self) -> str:
+        return str(self._configuration.host)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _core(self) -> CoreV1Api:
+        return self._clients()[1]
+
+    def _discovery(self) -> DiscoveryV1Api:
+        return self._clients()[2]
+
+    def _clients(self) -> tuple[ApiClient, CoreV1Api, DiscoveryV1Api]:
+        if self._apis is None:  # its aiohttp session belongs to the running loop
+            client = ApiClient(self._configuration)
+            self._apis = (client, CoreV1Api(client), DiscoveryV1Api(client))
+        return self._apis
+
+    async def _open(
+        self,
+        call: Callable[..., Awaitable[Any]],
+        *args: Any,
+        request_timeout: aiohttp.ClientTimeout | None = None,
+        **kwargs: Any,
+    ) -> aiohttp.ClientResponse:
+        """Send one request; the response once its status is a success (its body unread)."""
+        try:
+            response = cast(
+                aiohttp.ClientResponse,
+                await call(
+                    *args,
+                    _preload_content=False,
+                    _request_timeout=request_timeout or self._timeout_s,
+                    **kwargs,
+                ),
+            )
+        except ApiException as exc:
+            raise kube_error(exc.status or 0, str(exc.reason), str(exc.body or "")) from exc
+        except OpenApiException as exc:  # the client refused the arguments before sending
+            raise KubeError(0, "BadRequest", str(exc)) from exc
+        except _NETWORK_ERRORS as exc:
+            raise unreachable(exc) from exc
+        if response.status >= 400:
+            try:
+                body = await response.read()
+            except _NETWORK_ERRORS:
+                body = b""
+            finally:
+                response.release()
+            raise error_from_body(response.status, response.reason or "", body)
+        return response
+
+    async def _call(self, call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Obj:
+        response = await self._open(call, *args, **kwargs)
+        try:
+            body = await response.read()
+        except _NETWORK_ERRORS as exc:
+            raise unreachable(exc) from exc
+        finally:
+            response.release()
+        try:
+            return cast(Obj, json.loads(body)) if body else {}
+        except ValueError as exc:
+            raise KubeError(response.status, "BadResponse", f"not JSON: {body[:200]!r}") from exc
+
+    # -- the port --------------------------------------------------------------------------
+
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        return await self._call(self._core().read_namespaced_pod, name, namespace)
+
+    async def list_pods(self, *, field_selector: str = "", label_selector: str = "") -> Listing:
+        listed = await self._call(
+            self._core().list_pod_for_all_namespaces, **_selectors(field_selector, label_selector)
+        )
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        return Listing(items=list(listed.get("items") or []), resource_version=version)
+
+    async def watch_pods(
+        self, resource_version: str, *, field_selector: str = "", timeout_s: float = 300.0
+    ) -> AsyncIterator[WatchEvent]:
+        """Every change after ``resource_version`` until the server ends the watch after
+        ``timeout_s`` (then the iterator ends). BOOKMARKs are asked for and passed on."""
+        # The server closes the stream after timeoutSeconds; a read that stays silent well
+        # past that is a connection that died without saying so.
+        read_timeout = aiohttp.ClientTimeout(
+            sock_connect=self._timeout_s, sock_read=timeout_s + self._timeout_s
+        )
+        response = await self._open(
+            self._core().list_pod_for_all_namespaces,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=max(1, math.ceil(timeout_s)),
+            request_timeout=read_timeout,
+            **_selectors(field_selector, ""),
+        )
+        try:
+            while True:
+                try:
+                    line = await response.content.readline()
+                except _NETWORK_ERRORS as exc:
+                    raise unreachable(exc) from exc
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                    kind, obj = event["type"], event["object"]
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise KubeError(0, "BadResponse", f"not a watch event: {line[:200]!r}") from exc
+                if kind == "ERROR":
+                    raise error_from_status(obj if isinstance(obj, dict) else {}, http_status=500)
+                if kind in _WATCH_KINDS:
+                    yield WatchEvent(cast(WatchKind, kind), obj)
+        finally:
+            response.release()
+
+    async def patch_pod(
+        self, namespace: str, name: str, patch: Obj | list[Obj], *, kind: PatchKind = "merge"
+    ) -> Obj:
+        return await self._call(
+            self._core().patch_namespaced_pod,
+            name,
+            namespace,
+            patch,
+            _content_type=PATCH_CONTENT_TYPES[kind],
+        )
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node_name: str) -> None:
+        metadata: Obj = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid  # a precondition: a new pod of the same name is not bound
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
+        }
+        await self._call(self._core().create_namespaced_pod_binding, name, namespace, binding)
+
+    async def patch_node(self, name: str, patch: Obj) -> Obj:
+        return await self._call(
+            self._core().patch_node, name, patch, _content_type=PATCH_CONTENT_TYPES["merge"]
+        )
+
+    async def patch_node_status(self, name: str, patch: Obj) -> Obj:
+        return await self._call(
+            self._core().patch_node_status,
+            name,
+            patch,
+            _content_type=PATCH_CONTENT_TYPES["strategic"],
+        )
+
+    async def create_event(self, namespace: str, event: Obj) -> None:
+        await self._call(self._core().create_namespaced_event, namespace, event)
+
+    async def list_endpoint_slices(self, namespace: str, service: str) -> list[Obj]:
+        listed = await self._call(
+            self._discovery().list_namespaced_endpoint_slice,
+            namespace,
+            label_selector=f"{SERVICE_NAME_LABEL}={service}",
+        )
+        return list(listed.get("items") or [])
+
+    async def aclose(self) -> None:
+        apis, self._apis = self._apis, None
+        if apis is not None:
+            await apis[0].close()
+
+    async def __aenter__(self) -> RestKubeApi:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,1181 @@
+"""A stand-in kube-apiserver for tests: real paths, JSON shapes, status codes and ``Status``
+error bodies for the few resources the cluster side uses (pods, nodes, core/v1 events,
+discovery/v1 EndpointSlices), held in memory under one global, increasing
+``resourceVersion`` (a string of an integer, set on an object by every write to it).
+
+    async with FakeApiServer(token="t") as api:
+        pod = api.create_pod("train-0", "team-a", finalizers=["gpushare.io/lease"])
+        ... RestKubeApi.from_url(api.url, token="t") ...
+
+What it does as the real server does:
+
+- Lists (``PodList`` ...) carry ``metadata.resourceVersion``; their items have no
+  ``kind``/``apiVersion`` (single objects and watch events do). They always serve the
+  current state ("not older than" semantics); ``resourceVersionMatch=Exact`` is honoured
+  only for the current version, and an older one is a plain ``410 Expired`` response.
+- Watches (``watch=1``/``true`` on a list path) stream newline-delimited events of every
+  change after ``resourceVersion`` (none or ``0``: an ``ADDED`` per existing object first),
+  then live ones, until ``timeoutSeconds`` or the client goes. A selector is applied to the
+  old and the new state, so a pod that stops matching is sent as ``DELETED`` and one that
+  starts matching as ``ADDED``. The history is bounded (``history=``); a version older than
+  it (or than :meth:`FakeApiServer.compact`) gets, on an HTTP 200 stream, one
+  ``{"type": "ERROR", "object": <Status 410 Expired>}`` event, and the stream ends.
+  BOOKMARKs are sent only when asked for (``allowWatchBookmarks``) and only by
+  :meth:`FakeApiServer.bookmark`.
+- Field selectors: the fields the real server indexes for each kind (pods: metadata.name,
+  metadata.namespace, spec.nodeName, spec.schedulerName, status.phase, ...), ``=``, ``==``,
+  ``!=``, comma-separated conjunctions; an unknown field is a 400. Label selectors:
+  ``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``.
+- PATCH: merge patch (RFC 7386), JSON patch (RFC 6902: add, remove, replace, move, copy,
+  test; a failing op is ``422 Invalid``), strategic merge patch. A patched object whose
+  ``metadata.resourceVersion`` differs from the stored one is ``409 Conflict``. A patch that
+  changes nothing writes nothing (no new version, no event). The main resource ignores
+  changes to ``status``; the ``/status`` subresource takes only ``status``. Pod specs are
+  immutable but for container images, activeDeadlineSeconds, tolerations and
+  schedulingGates (422); a pod being deleted takes no new finalizers (422).
+- DELETE: a pod with finalizers gets ``deletionTimestamp`` (now + grace) and
+  ``deletionGracePeriodSeconds`` (MODIFIED) and stays until a write empties
+  ``metadata.finalizers``; that write is not stored but deletes the pod (one DELETED event;
+  the event and the patch's response carry the pod as last stored, as etcd's previous value
+  does). ``gracePeriodSeconds=0`` (force) changes only the grace period recorded. Without
+  finalizers a pod is deleted at once. Preconditions (uid, resourceVersion) are 409s.
+- Binding (``pods/{name}/binding``): sets ``spec.nodeName`` and the ``PodScheduled``
+  condition; 409 if the pod is bound already or being deleted, or on a uid mismatch.
+
+Where it is simpler than the real server (and says so):
+
+- Strategic merge patch is a merge patch whose lists are replaced, except the lists merged
+  by key: ``status.conditions`` and ``status.addresses`` by ``type``,
+  ``status.containerStatuses`` by ``name`` (``$patch: delete`` in an element removes it;
+  other ``$`` directives are ignored). ``metadata.finalizers`` is replaced, not unioned.
+- No kubelet: graceful termination is only recorded (``deletionTimestamp``), never waited
+  for; no admission, no defaulting beyond the usual pod fields, no managedFields, no
+  pagination (``limit`` is ignored, as a server may), no protobuf.
+
+Test helpers: :meth:`create_pod` (from :func:`pod_manifest`), :meth:`delete_pod`,
+:meth:`set_pod_phase`, :meth:`patch_pod`, :meth:`create_node`, :meth:`set_endpoints`,
+:meth:`events_for`, :meth:`compact`, :meth:`bookmark`, :meth:`fail_next`, the per-verb
+:attr:`requests` counter and the :attr:`log` of requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import re
+import secrets
+import ssl
+import uuid
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+from aiohttp import web
+
+Obj = dict[str, Any]
+log = logging.getLogger(__name__)
+
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+MERGE_KEYS = {
+    ("status", "conditions"): "type",
+    ("status", "addresses"): "type",
+    ("status", "containerStatuses"): "name",
+    ("status", "initContainerStatuses"): "name",
+}
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_MUTABLE_POD_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
+
+
+def timestamp(offset_s: float = 0.0) -> str:
+    moment = datetime.now(UTC) + timedelta(seconds=offset_s)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
+    body: Obj = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, reason: str = "", details: Obj | None = None):
+        super().__init__(message)
+        self.code, self.message = code, message
+        self.reason = reason or REASONS.get(code, "Unknown")
+        self.details = details
+
+    def body(self) -> Obj:
+        return status_body(self.code, self.reason, self.message, self.details)
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.code)
+
+
+def not_found(resource: str, name: str) -> ApiError:
+    return ApiError(404, f'{resource} "{name}" not found', details={"name": name, "kind": resource})
+
+
+def conflict(resource: str, name: str, why: str) -> ApiError:
+    message = f'Operation cannot be fulfilled on {resource} "{name}": {why}'
+    return ApiError(409, message, details={"name": name, "kind": resource})
+
+
+MODIFIED_WHY = (
+    "the object has been modified; please apply your changes to the latest version and try again"
+)
+
+
+# -- selectors -----------------------------------------------------------------------------
+
+
+def field_value(obj: Mapping[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+_SET_TERM = re.compile(r"^([A-Za-z0-9./_-]+)\s+(in|notin)\s+\(([^)]*)\)$")
+_TERMS = re.compile(r",(?![^()]*\))")
+
+
+@dataclass(frozen=True)
+class Selector:
+    fields: tuple[tuple[str, str, bool], ...] = ()  # (path, value, equal)
+    labels: tuple[Callable[[Mapping[str, str]], bool], ...] = ()
+
+    @classmethod
+    def parse(cls, fields: str, labels: str, known: frozenset[str]) -> Selector:
+        parsed: list[tuple[str, str, bool]] = []
+        for term in filter(None, (t.strip() for t in fields.split(","))):
+            split = _split_op(term)
+            if split is None:
+                raise ApiError(400, f'invalid field selector: "{term}": no operator')
+            path, value, equal = split
+            if path not in known:
+                raise ApiError(400, f'field label not supported: "{path}"')
+            parsed.append((path, value, equal))
+        return cls(tuple(parsed), tuple(_label_term(t) for t in _TERMS.split(labels) if t.strip()))
+
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        if any((field_value(obj, p) == v) != eq for p, v, eq in self.fields):
+            return False
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return all(test(labels) for test in self.labels)
+
+
+def _split_op(term: str) -> tuple[str, str, bool] | None:
+    """``a!=b``, ``a==b``, ``a=b`` -> (a, b, equal)."""
+    for op, equal in (("!=", False), ("==", True), ("=", True)):
+        if op in term:
+            left, right = term.split(op, 1)
+            return left.strip(), right.strip(), equal
+    return None
+
+
+def _label_term(term: str) -> Callable[[Mapping[str, str]], bool]:
+    term = term.strip()
+    if match := _SET_TERM.match(term):
+        key, op, raw = match.groups()
+        values = {v.strip() for v in raw.split(",") if v.strip()}
+        if op == "in":
+            return lambda labels: labels.get(key) in values
+        return lambda labels: labels.get(key) not in values
+    if (split := _split_op(term)) is not None:
+        key, value, equal = split
+        return lambda labels: (labels.get(key) == value) == equal
+    if term.startswith("!"):
+        return lambda labels: term[1:].strip() not in labels
+    if not re.fullmatch(r"[A-Za-z0-9./_-]+", term):
+        raise ApiError(400, f"unable to parse requirement: {term!r}")
+    return lambda labels: term in labels
+
+
+# -- patches -------------------------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
+    """A merge patch whose lists in :data:`MERGE_KEYS` are merged by their key."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):
+            continue
+        where = (*path, key)
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, list) and where in MERGE_KEYS:
+            result[key] = _merge_list(result.get(key) or [], value, MERGE_KEYS[where], where)
+        else:
+            result[key] = strategic_merge_patch(result.get(key), value, where)
+    return result
+
+
+def _merge_list(old: list[Any], new: list[Any], key: str, path: tuple[str, ...]) -> list[Any]:
+    merged = [copy.deepcopy(item) for item in old]
+    for item in new:
+        if not isinstance(item, dict) or key not in item:
+            raise ApiError(400, f"map: {item!r} does not contain declared merge key: {key}")
+        at = next((i for i, o in enumerate(merged) if o.get(key) == item[key]), None)
+        if item.get("$patch") == "delete":
+            if at is not None:
+                del merged[at]
+        elif at is None:
+            merged.append(strategic_merge_patch({}, item, path))
+        else:
+            merged[at] = strategic_merge_patch(merged[at], item, path)
+    return merged
+
+
+def _pointer(path: Any) -> list[str]:
+    if not isinstance(path, str) or (path and not path.startswith("/")):
+        raise ApiError(422, f"invalid JSON pointer: {path!r}")
+    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+
+
+def _parent(doc: Any, tokens: list[str], path: str) -> tuple[Any, str]:
+    if not tokens:
+        raise ApiError(422, f"cannot operate on the whole document at {path!r}")
+    node = doc
+    for token in tokens[:-1]:
+        node = _child(node, token, path)
+    return node, tokens[-1]
+
+
+def _child(node: Any, token: str, path: str) -> Any:
+    if isinstance(node, dict) and token in node:
+        return node[token]
+    if isinstance(node, list) and token.isdigit() and int(token) < len(node):
+        return node[int(token)]
+    raise ApiError(422, f"doc is missing path: {path!r}: missing value")
+
+
+def json_patch(doc: Any, ops: Any) -> Any:
+    """RFC 6902."""
+    if not isinstance(ops, list):
+        raise ApiError(400, "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        kind, path = op.get("op"), op.get("path")
+        tokens = _pointer(path)
+        if kind == "test":
+            found = doc
+            for token in tokens:
+                found = _child(found, token, path)
+            if found != op.get("value"):
+                raise ApiError(422, f"testing value {path} failed: test failed")
+            continue
+        if kind in ("move", "copy"):
+            source = _pointer(op.get("from"))
+            value: Any = doc
+            for token in source:
+                value = _child(value, token, op.get("from"))
+            value = copy.deepcopy(value)
+            if kind == "move":
+                doc = _remove(doc, source, op["from"])
+            doc = _add(doc, tokens, value, path)
+        elif kind == "add":
+            doc = _add(doc, tokens, copy.deepcopy(op.get("value")), path)
+        elif kind == "remove":
+            doc = _remove(doc, tokens, path)
+        elif kind == "replace":
+            doc = _remove(doc, tokens, path)
+            doc = _add(doc, tokens, copy.deepcopy(op.get("value")), path)
+        else:
+            raise ApiError(400, f"Unexpected kind: {kind}")
+    return doc
+
+
+def _add(doc: Any, tokens: list[str], value: Any, path: str) -> Any:
+    if not tokens:
+        return value
+    parent, last = _parent(doc, tokens, path)
+    if isinstance(parent, dict):
+        parent[last] = value
+    elif isinstance(parent, list) and (
+        last == "-" or (last.isdigit() and int(last) <= len(parent))
+    ):
+        parent.insert(len(parent) if last == "-" else int(last), value)
+    else:
+        raise ApiError(422, f"add operation does not apply: doc is missing path: {path!r}")
+    return doc
+
+
+def _remove(doc: Any, tokens: list[str], path: str) -> Any:
+    parent, last = _parent(doc, tokens, path)
+    _child(parent, last, path)  # it must exist
+    del parent[int(last) if isinstance(parent, list) else last]
+    return doc
+
+
+def apply_patch(content_type: str, doc: Obj, patch: Any) -> Obj:
+    if content_type == MERGE_PATCH:
+        result = merge_patch(doc, patch)
+    elif content_type == STRATEGIC_PATCH:
+        result = strategic_merge_patch(doc, patch)
+    elif content_type == JSON_PATCH:
+        result = json_patch(doc, patch)
+    else:
+        raise ApiError(
+            415,
+            f"the body of the request was in an unknown format - accepted media types include: "
+            f"{JSON_PATCH}, {MERGE_PATCH}, application/apply-patch+yaml, {STRATEGIC_PATCH}",
+        )
+    if not isinstance(result, dict):
+        raise ApiError(422, "the patched object is not an object")
+    return result
+
+
+# -- objects -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kind:
+    resource: str
+    kind: str
+    api_version: str
+    namespaced: bool
+    fields: frozenset[str]
+
+
+PODS = Kind(
+    "pods",
+    "Pod",
+    "v1",
+    True,
+    frozenset(
+        {
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        }
+    ),
+)
+NODES = Kind("nodes", "Node", "v1", False, frozenset({"metadata.name", "spec.unschedulable"}))
+EVENTS = Kind(
+    "events",
+    "Event",
+    "v1",
+    True,
+    frozenset(
+        {"metadata.name", "metadata.namespace", "reason", "reportingComponent", "source", "type"}
+        | {f"involvedObject.{f}" for f in ("kind", "namespace", "name", "uid", "apiVersion")}
+        | {"involvedObject.resourceVersion", "involvedObject.fieldPath"}
+    ),
+)
+SLICES = Kind(
+    "endpointslices",
+    "EndpointSlice",
+    "discovery.k8s.io/v1",
+    True,
+    frozenset({"metadata.name", "metadata.namespace", "addressType"}),
+)
+KINDS = {k.resource: k for k in (PODS, NODES, EVENTS, SLICES)}
+Key = tuple[str, str]  # (namespace, name); namespace "" for nodes
+
+
+def pod_manifest(
+    name: str,
+    namespace: str = "default",
+    *,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    scheduler_name: str = "",
+    node_name: str = "",
+    finalizers: Iterable[str] = (),
+    limits: Mapping[str, Any] | None = None,
+    image: str = "registry.example/train:1.0",
+) -> Obj:
+    """A pod as ``kubectl apply`` sends it."""
+    container: Obj = {"name": "main", "image": image, "command": ["python", "train.py"]}
+    if limits:
+        container["resources"] = {"limits": dict(limits)}
+    spec: Obj = {"containers": [container]}
+    if scheduler_name:
+        spec["schedulerName"] = scheduler_name
+    if node_name:
+        spec["nodeName"] = node_name
+    metadata: Obj = {"name": name, "namespace": namespace}
+    for key, value in (("annotations", annotations), ("labels", labels)):
+        if value:
+            metadata[key] = dict(value)
+    if finalizers := list(finalizers):
+        metadata["finalizers"] = finalizers
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _qos(spec: Obj) -> str:
+    resources = [c.get("resources") or {} for c in spec.get("containers") or []]
+    if not any(r.get("limits") or r.get("requests") for r in resources):
+        return "BestEffort"
+    for r in resources:
+        limits = r.get("limits") or {}
+        requests = r.get("requests") or limits
+        for name in ("cpu", "memory"):
+            if name not in limits or requests.get(name) != limits[name]:
+                return "Burstable"
+    return "Guaranteed"
+
+
+def default_pod(pod: Obj) -> None:
+    """The defaults and the status the real server gives a new pod."""
+    spec = pod.setdefault("spec", {})
+    for key, value in (
+        ("schedulerName", "default-scheduler"),
+        ("restartPolicy", "Always"),
+        ("terminationGracePeriodSeconds", 30),
+        ("dnsPolicy", "ClusterFirst"),
+        ("serviceAccountName", "default"),
+        ("securityContext", {}),
+        ("enableServiceLinks", True),
+        ("priority", 0),
+        ("preemptionPolicy", "PreemptLowerPriority"),
+    ):
+        spec.setdefault(key, value)
+    for container in spec.get("containers") or []:
+        latest = ":" not in str(container.get("image", "")).rsplit("/", 1)[-1]
+        container.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
+        container.setdefault("terminationMessagePath", "/dev/termination-log")
+        container.setdefault("terminationMessagePolicy", "File")
+        container.setdefault("resources", {})
+    spec.setdefault("tolerations", [])
+    for taint in ("not-ready", "unreachable"):
+        toleration = {
+            "key": f"node.kubernetes.io/{taint}",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 300,
+        }
+        if not any(t.get("key") == toleration["key"] for t in spec["tolerations"]):
+            spec["tolerations"].append(toleration)
+    pod["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
+
+
+def _pod_spec_frozen(spec: Obj) -> Obj:
+    frozen = {k: v for k, v in spec.items() if k not in _MUTABLE_POD_SPEC}
+    for key in ("containers", "initContainers"):
+        if key in frozen:
+            frozen[key] = [{k: v for k, v in c.items() if k != "image"} for c in frozen[key]]
+    return frozen
+
+
+@dataclass
+class Change:
+    version: int
+    resource: str
+    type: str
+    obj: Obj
+    old: Obj | None  # the state before (MODIFIED, DELETED)
+
+
+@dataclass(eq=False)  # hashed by identity: a set of them
+class Watcher:
+    kind: Kind
+    namespace: str
+    selector: Selector
+    bookmarks: bool
+    queue: asyncio.Queue[Obj | None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int
+    reason: str
+    message: str
+    times: int
+
+
+def _event_for(watcher: Watcher, change: Change) -> Obj | None:
+    """The change as this watcher sees it (its namespace, its selector), or None."""
+    if change.resource != watcher.kind.resource:
+        return None
+    namespace = change.obj["metadata"].get("namespace", "")
+    if watcher.namespace and namespace != watcher.namespace:
+        return None
+    now = watcher.selector.matches(change.obj)
+    before = change.old is not None and watcher.selector.matches(change.old)
+    if change.type == "MODIFIED" and now != before:
+        kind = "ADDED" if now else "DELETED"
+    elif change.type == "DELETED":
+        kind = "DELETED" if now else ""
+    else:
+        kind = change.type if now else ""
+    return {"type": kind, "object": copy.deepcopy(change.obj)} if kind else None
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class FakeApiServer:
+    """The stand-in (see the module's text). ``async with`` starts it on 127.0.0.1."""
+
+    def __init__(
+        self,
+        *,
+        token: str = "",
+        history: int = 1000,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.token = token
+        self.version = 0
+        self.objects: dict[str, dict[Key, Obj]] = {resource: {} for resource in KINDS}
+        self.history: deque[Change] = deque(maxlen=history)
+        self.floor = 0  # a watch from a version below this one has expired
+        self.requests: Counter[str] = Counter()  # by Kubernetes verb: get, list, watch, ...
+        # (method, path with query, content type) of every request, in order
+        self.log: list[tuple[str, str, str]] = []
+        self.faults: list[Fault] = []
+        self.watchers: set[Watcher] = set()
+        self._ssl = ssl_context
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self.app = web.Application(middlewares=[self._middleware])
+        self._routes()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> FakeApiServer:
+        self._runner = web.AppRunner(
+            self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"{'https' if self._ssl else 'http'}://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        for watcher in list(self.watchers):
+            watcher.queue.put_nowait(None)  # end every watch stream
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _routes(self) -> None:
+        ns = "/api/v1/namespaces/{namespace}"
+        add = self.app.router.add_route
+        for path, kind in (
+            ("/api/v1/pods", PODS),
+            (f"{ns}/pods", PODS),
+            ("/api/v1/nodes", NODES),
+            ("/api/v1/events", EVENTS),
+            (f"{ns}/events", EVENTS),
+            ("/apis/discovery.k8s.io/v1/endpointslices", SLICES),
+            ("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", SLICES),
+        ):
+            add("GET", path, partial(self._list, kind))
+        for path, kind in (
+            (f"{ns}/pods", PODS),
+            ("/api/v1/nodes", NODES),
+            (f"{ns}/events", EVENTS),
+        ):
+            add("POST", path, partial(self._create, kind))
+            add("GET", path + "/{name}", partial(self._get, kind))
+            add("PATCH", path + "/{name}", partial(self._patch, kind, ""))
+        for path, kind in ((f"{ns}/pods", PODS), ("/api/v1/nodes", NODES)):
+            add("GET", path + "/{name}/status", partial(self._get, kind))
+            add("PATCH", path + "/{name}/status", partial(self._patch, kind, "status"))
+        add("DELETE", f"{ns}/pods/{{name}}", self._delete_pod)
+        add("DELETE", "/api/v1/nodes/{name}", self._delete_node)
+        add("POST", f"{ns}/pods/{{name}}/binding", self._bind)
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        content_type = request.content_type if request.can_read_body else ""
+        self.log.append((request.method, request.path_qs, content_type))
+        self.requests[_verb(request)] += 1
+        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return ApiError(401, "Unauthorized").response()
+        for fault in self.faults:
+            if fault.method == request.method and fault.path.search(request.path_qs):
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.remove(fault)
+                if fault.status == 0:  # the connection breaks
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return web.Response(status=500)
+                return ApiError(fault.status, fault.message, fault.reason).response()
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return exc.response()
+        except web.HTTPNotFound:
+            return ApiError(404, "the server could not find the requested resource").response()
+        except web.HTTPMethodNotAllowed:
+            return ApiError(
+                405, f"the server does not allow this method: {request.method}"
+            ).response()
+        except Exception as exc:  # a bug of the stand-in: say so in the server's format
+            log.exception("stand-in API server failed on %s %s", request.method, request.path)
+            return ApiError(500, f"stand-in failure: {exc!r}").response()
+
+    # -- the store -------------------------------------------------------------------------
+
+    def _find(self, kind: Kind, namespace: str, name: str) -> Obj:
+        found = self.objects[kind.resource].get((namespace if kind.namespaced else "", name))
+        if found is None:
+            raise not_found(kind.resource, name)
+        return found
+
+    def _commit(self, kind: Kind, change_type: str, obj: Obj, old: Obj | None = None) -> Obj:
+        """Store one write under the next resourceVersion; send it to the watchers."""
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        if change_type == "DELETED":
+            self.objects[kind.resource].pop(key, None)
+        else:
+            self.objects[kind.resource][key] = obj
+        if len(self.history) == self.history.maxlen:
+            self.floor = self.history[0].version
+        change = Change(self.version, kind.resource, change_type, copy.deepcopy(obj), old)
+        self.history.append(change)
+        for watcher in self.watchers:
+            if (event := _event_for(watcher, change)) is not None:
+                watcher.queue.put_nowait(event)
+        return copy.deepcopy(obj)
+
+    def _insert(self, kind: Kind, namespace: str, body: Any) -> Obj:
+        if not isinstance(body, dict):
+            raise ApiError(400, f"the object provided is not a {kind.kind}")
+        obj = copy.deepcopy(body)
+        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+        meta = obj.setdefault("metadata", {})
+        if kind.namespaced and meta.setdefault("namespace", namespace) != namespace:
+            raise ApiError(
+                400,
+                "the namespace of the provided object does not match the namespace sent on "
+                "the request",
+            )
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        name = meta.get("name", "")
+        if not name or not _NAME.match(name):
+            why = "Required value: name or generateName is required" if not name else "Invalid"
+            raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata.name: {why}')
+        key = (meta.get("namespace", ""), name)
+        if key in self.objects[kind.resource]:
+            raise ApiError(409, f'{kind.resource} "{name}" already exists', "AlreadyExists")
+        if kind is PODS:
+            if not (obj.get("spec") or {}).get("containers"):
+                raise ApiError(422, f'Pod "{name}" is invalid: spec.containers: Required value')
+            default_pod(obj)
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=timestamp())
+        meta.pop("deletionTimestamp", None)
+        return self._commit(kind, "ADDED", obj)
+
+    def _update(self, kind: Kind, stored: Obj, new: Obj) -> Obj:
+        """Write ``new`` over ``stored`` (no-op writes are skipped); delete a pod being
+        deleted once its finalizers are gone."""
+        meta, old_meta = new["metadata"], stored["metadata"]
+        for key in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
+            if key in old_meta:
+                meta[key] = old_meta[key]
+            else:
+                meta.pop(key, None)
+        meta["resourceVersion"] = old_meta["resourceVersion"]
+        if new == stored:
+            return copy.deepcopy(stored)
+        if old_meta.get("deletionTimestamp") and not (meta.get("finalizers") or []):
+            return self._commit(kind, "DELETED", stored, copy.deepcopy(stored))
+        return self._commit(kind, "MODIFIED", new, copy.deepcopy(stored))
+
+    # -- handlers --------------------------------------------------------------------------
+
+    async def _list(self, kind: Kind, request: web.Request) -> web.StreamResponse:
+        q = request.query
+        namespace = request.match_info.get("namespace", "")
+        selector = Selector.parse(
+            q.get("fieldSelector", ""), q.get("labelSelector", ""), kind.fields
+        )
+        if _flag(q.get("watch")):
+            return await self._watch(kind, namespace, selector, request)
+        version = q.get("resourceVersion", "")
+        if version not in ("", "0"):
+            wanted = _int(version, "resourceVersion")
+            if wanted > self.version:
+                raise ApiError(
+                    504, f"Too large resource version: {wanted}, current: {self.version}"
+                )
+            if q.get("resourceVersionMatch") == "Exact" and wanted != self.version:
+                raise ApiError(410, f"too old resource version: {wanted} ({self.version})")
+        items = []
+        for (ns, _), obj in sorted(self.objects[kind.resource].items()):
+            if (not namespace or ns == namespace) and selector.matches(obj):
+                item = copy.deepcopy(obj)
+                del item["kind"], item["apiVersion"]
+                items.append(item)
+        return web.json_response(
+            {
+                "kind": f"{kind.kind}List",
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(self.version)},
+                "items": items,
+            }
+        )
+
+    async def _watch(
+        self, kind: Kind, namespace: str, selector: Selector, request: web.Request
+    ) -> web.StreamResponse:
+        q = request.query
+        timeout_s = float(_int(q.get("timeoutSeconds", "0"), "timeoutSeconds")) or 1800.0
+        watcher = Watcher(kind, namespace, selector, _flag(q.get("allowWatchBookmarks")))
+        version = q.get("resourceVersion", "")
+        backlog: list[Obj] = []
+        if version in ("", "0"):
+            for (ns, _), obj in sorted(self.objects[kind.resource].items()):
+                if (not namespace or ns == namespace) and selector.matches(obj):
+                    backlog.append({"type": "ADDED", "object": copy.deepcopy(obj)})
+        elif (since := _int(version, "resourceVersion")) < self.floor:
+            message = f"too old resource version: {since} ({self.floor + 1})"
+            backlog.append({"type": "ERROR", "object": status_body(410, "Expired", message)})
+            timeout_s = 0.0  # and the stream ends
+        else:
+            changes = (c for c in self.history if c.version > since)
+            backlog.extend(e for c in changes if (e := _event_for(watcher, c)) is not None)
+        if timeout_s:
+            self.watchers.add(watcher)  # before any await: no change falls between
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            await response.prepare(request)
+            for event in backlog:
+                await response.write(json.dumps(event).encode() + b"\n")
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    event_or_end = await asyncio.wait_for(watcher.queue.get(), left)
+                except TimeoutError:
+                    break
+                if event_or_end is None:
+                    break
+                await response.write(json.dumps(event_or_end).encode() + b"\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went
+        finally:
+            self.watchers.discard(watcher)
+        return response
+
+    async def _get(self, kind: Kind, request: web.Request) -> web.StreamResponse:
+        m = request.match_info
+        return web.json_response(self._find(kind, m.get("namespace", ""), m["name"]))
+
+    async def _create(self, kind: Kind, request: web.Request) -> web.StreamResponse:
+        body = await _json(request)
+        return web.json_response(
+            self._insert(kind, request.match_info.get("namespace", ""), body), status=201
+        )
+
+    async def _patch(
+        self, kind: Kind, subresource: str, request: web.Request
+    ) -> web.StreamResponse:
+        m = request.match_info
+        body = await _json(request)
+        return web.json_response(
+            self._patch_object(
+                kind, m.get("namespace", ""), m["name"], request.content_type, body, subresource
+            )
+        )
+
+    def _patch_object(
+        self, kind: Kind, namespace: str, name: str, content_type: str, patch: Any, sub: str
+    ) -> Obj:
+        stored = self._find(kind, namespace, name)
+        patched = apply_patch(content_type, copy.deepcopy(stored), patch)
+        meta = patched.get("metadata")
+        if not isinstance(meta, dict):
+            raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata: Required value')
+        version = meta.get("resourceVersion")
+        if version and version != stored["metadata"]["resourceVersion"]:
+            raise conflict(kind.resource, name, MODIFIED_WHY)
+        for key in ("name", "namespace"):
+            if meta.get(key, "") != stored["metadata"].get(key, ""):
+                raise ApiError(400, f"the {key} of the object does not match the {key} on the URL")
+        if meta.get("uid", stored["metadata"]["uid"]) != stored["metadata"]["uid"]:
+            raise ApiError(
+                422, f'{kind.kind} "{name}" is invalid: metadata.uid: field is immutable'
+            )
+        if sub == "status":
+            new = {**copy.deepcopy(stored), "status": patched.get("status") or {}}
+        else:
+            new = {**patched, "status": copy.deepcopy(stored.get("status") or {})}
+            if "status" not in stored:
+                new.pop("status")
+        new["kind"], new["apiVersion"] = kind.kind, kind.api_version
+        if kind is PODS:
+            _check_pod_update(stored, new)
+        return self._update(kind, stored, new)
+
+    async def _delete_pod(self, request: web.Request) -> web.StreamResponse:
+        m = request.match_info
+        body = await _json(request) if request.can_read_body else {}
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body is not DeleteOptions")
+        grace = request.query.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
+        seconds = None if grace is None else _int(str(grace), "gracePeriodSeconds")
+        preconditions = body.get("preconditions") or {}
+        return web.json_response(self._delete(m["namespace"], m["name"], seconds, preconditions))
+
+    def _delete(
+        self, namespace: str, name: str, grace: int | None, preconditions: Mapping[str, str]
+    ) -> Obj:
+        stored = self._find(PODS, namespace, name)
+        meta = stored["metadata"]
+        for key in ("uid", "resourceVersion"):
+            if preconditions.get(key) and preconditions[key] != meta[key]:
+                why = (
+                    f"Precondition failed: {key} in precondition: {preconditions[key]}, "
+                    f"{key} in object meta: {meta[key]}"
+                )
+                raise conflict("pods", name, why)
+        if grace is None:
+            grace = stored["spec"].get("terminationGracePeriodSeconds", 30)
+        ended = stored["status"].get("phase") in ("Succeeded", "Failed")
+        if ended or not stored["spec"].get("nodeName"):
+            grace = 0  # what the real server does for unscheduled and terminated pods
+        if not meta.get("finalizers"):
+            return self._commit(PODS, "DELETED", stored, copy.deepcopy(stored))
+        if meta.get("deletionTimestamp") and grace >= meta.get("deletionGracePeriodSeconds", 0):
+            return copy.deepcopy(stored)  # being deleted already
+        new = copy.deepcopy(stored)
+        new["metadata"].update(deletionTimestamp=timestamp(grace), deletionGracePeriodSeconds=grace)
+        return self._commit(PODS, "MODIFIED", new, copy.deepcopy(stored))
+
+    async def _delete_node(self, request: web.Request) -> web.StreamResponse:
+        stored = self._find(NODES, "", request.match_info["name"])
+        return web.json_response(self._commit(NODES, "DELETED", stored, copy.deepcopy(stored)))
+
+    async def _bind(self, request: web.Request) -> web.StreamResponse:
+        m = request.match_info
+        name = m["name"]
+        body = await _json(request)
+        if not isinstance(body, dict) or body.get("kind", "Binding") != "Binding":
+            raise ApiError(400, "the object provided is not a Binding")
+        meta = body.get("metadata") or {}
+        if meta.get("name", name) != name:
+            raise ApiError(400, "name in URL does not match name in Binding object")
+        target = body.get("target") or {}
+        if not target.get("name") or target.get("kind", "Node") != "Node":
+            raise ApiError(422, f'Binding "{name}" is invalid: target.name: Required value')
+        stored = self._find(PODS, m["namespace"], name)
+        uid = stored["metadata"]["uid"]
+        if meta.get("uid") and meta["uid"] != uid:
+            why = (
+                f"Precondition failed: UID in precondition: {meta['uid']}, "
+                f"UID in object meta: {uid}"
+            )
+            raise conflict("pods", name, why)
+        if stored["metadata"].get("deletionTimestamp"):
+            raise conflict(
+                "pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host"
+            )
+        if node := stored["spec"].get("nodeName"):
+            raise conflict("pods/binding", name, f'pod {name} is already assigned to node "{node}"')
+        new = copy.deepcopy(stored)
+        new["spec"]["nodeName"] = target["name"]
+        if annotations := meta.get("annotations"):
+            new["metadata"].setdefault("annotations", {}).update(annotations)
+        conditions = [
+            c for c in new["status"].get("conditions") or [] if c.get("type") != "PodScheduled"
+        ]
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": timestamp(),
+            }
+        )
+        new["status"]["conditions"] = conditions
+        self._commit(PODS, "MODIFIED", new, copy.deepcopy(stored))
+        success = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
+        return web.json_response(success, status=201)
+
+    # -- test helpers ----------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.version)
+
+    def create_pod(
+        self, name: str, namespace: str = "default", *, phase: str = "", **manifest: Any
+    ) -> Obj:
+        """Create a pod (:func:`pod_manifest`'s arguments) as if POSTed; with ``phase`` it is
+        created in that phase (a pod that was running before the test)."""
+        pod = pod_manifest(name, namespace, **manifest)
+        if not phase:
+            return self._insert(PODS, namespace, pod)
+        stored = self._insert(PODS, namespace, pod)  # one ADDED, then the kubelet's status
+        return self.set_pod_phase(namespace, stored["metadata"]["name"], phase)
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> Obj:
+        """What the kubelet writes (``status`` only): MODIFIED."""
+        stored = self._find(PODS, namespace, name)
+        new = copy.deepcopy(stored)
+        new["status"]["phase"] = phase
+        return self._update(PODS, stored, new)
+
+    def patch_pod(
+        self,
+        namespace: str,
+        name: str,
+        patch: Any,
+        *,
+        content_type: str = MERGE_PATCH,
+        subresource: str = "",
+    ) -> Obj:
+        """A PATCH as if sent (same checks, same events), without a round trip; raises
+        :class:`ApiError` where the server would answer with an error."""
+        return self._patch_object(PODS, namespace, name, content_type, patch, subresource)
+
+    def pod(self, namespace: str, name: str) -> Obj | None:
+        found = self.objects["pods"].get((namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    def delete_pod(self, namespace: str, name: str, force: bool = False) -> Obj:
+        """``kubectl delete pod`` (``--force --grace-period=0`` with ``force``)."""
+        return self._delete(namespace, name, 0 if force else None, {})
+
+    def create_node(
+        self, name: str, *, labels: Mapping[str, str] | None = None, ready: bool = True
+    ) -> Obj:
+        node: Obj = {
+            "metadata": {
+                "name": name,
+                "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+            },
+            "spec": {},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True" if ready else "False",
+                        "reason": "KubeletReady",
+                    },
+                    {
+                        "type": "MemoryPressure",
+                        "status": "False",
+                        "reason": "KubeletHasSufficientMemory",
+                    },
+                ],
+                "addresses": [{"type": "Hostname", "address": name}],
+            },
+        }
+        return self._insert(NODES, "", node)
+
+    def node(self, name: str) -> Obj | None:
+        found = self.objects["nodes"].get(("", name))
+        return copy.deepcopy(found) if found else None
+
+    def events_for(self, pod_name: str, namespace: str = "") -> list[Obj]:
+        """The events about ``pod_name``, in the order they were created."""
+        found = [
+            e
+            for e in self.objects["events"].values()
+            if (e.get("involvedObject") or {}).get("name") == pod_name
+            and (not namespace or e["metadata"]["namespace"] == namespace)
+        ]
+        return sorted(
+            (copy.deepcopy(e) for e in found), key=lambda e: int(e["metadata"]["resourceVersion"])
+        )
+
+    def set_endpoints(
+        self,
+        namespace: str,
+        service: str,
+        endpoints: Iterable[tuple[str, str]],
+        *,
+        port: int,
+        port_name: str = "grpc",
+        ready: bool = True,
+    ) -> Obj:
+        """Replace the Service's one EndpointSlice: ``endpoints`` are (node name, address)."""
+        name = f"{service}-{secrets.token_hex(3)[:5]}"
+        for (ns, old_name), old in list(self.objects["endpointslices"].items()):
+            if (
+                ns == namespace
+                and old["metadata"]["labels"].get("kubernetes.io/service-name") == service
+            ):
+                name = old_name
+                self._commit(SLICES, "DELETED", old, copy.deepcopy(old))
+        slice_: Obj = {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {
+                    "kubernetes.io/service-name": service,
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [
+                {
+                    "addresses": [address],
+                    "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                    "nodeName": node,
+                    "targetRef": {
+                        "kind": "Pod",
+                        "namespace": namespace,
+                        "name": f"{service}-{node}",
+                    },
+                }
+                for node, address in endpoints
+            ],
+            "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
+        }
+        return self._insert(SLICES, namespace, slice_)
+
+    def compact(self) -> None:
+        """Forget the history, as etcd's compaction does: older watches get 410 Expired."""
+        self.history.clear()
+        self.floor = self.version
+
+    def bookmark(self) -> None:
+        """Send a BOOKMARK (the current resourceVersion) to every watch that asked for them."""
+        for watcher in self.watchers:
+            if watcher.bookmarks:
+                obj = {
+                    "kind": watcher.kind.kind,
+                    "apiVersion": watcher.kind.api_version,
+                    "metadata": {"resourceVersion": str(self.version)},
+                }
+                watcher.queue.put_nowait({"type": "BOOKMARK", "object": obj})
+
+    def fail_next(
+        self,
+        method: str,
+        path_regex: str,
+        status: int,
+        *,
+        reason: str = "",
+        message: str = "injected failure",
+        times: int = 1,
+    ) -> None:
+        """Answer the next ``times`` requests whose method and path (with its query,
+        searched) match with this status and a ``Status`` body; 0 breaks the connection
+        (aiohttp clients send an idempotent request again, once, when a reused connection
+        breaks: ``times=2`` makes such a GET fail)."""
+        fault = Fault(method.upper(), re.compile(path_regex), status, reason, message, times)
+        self.faults.append(fault)
+
+
+def _check_pod_update(stored: Obj, new: Obj) -> None:
+    name = stored["metadata"]["name"]
+    if _pod_spec_frozen(new.get("spec") or {}) != _pod_spec_frozen(stored["spec"]):
+        raise ApiError(
+            422,
+            f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields other '
+            "than `spec.containers[*].image`, `spec.initContainers[*].image`, "
+            "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+            "tolerations), `spec.terminationGracePeriodSeconds`",
+        )
+    if stored["metadata"].get("deletionTimestamp"):
+        added = set(new["metadata"].get("finalizers") or []) - set(
+            stored["metadata"].get("finalizers") or []
+        )
+        if added:
+            raise ApiError(
+                422,
+                f'Pod "{name}" is invalid: metadata.finalizers: Forbidden: no new finalizers can '
+                f"be added if the object is being deleted, found new finalizers {sorted(added)}",
+            )
+
+
+def _verb(request: web.Request) -> str:
+    method = request.method
+    if method == "GET":
+        if _flag(request.query.get("watch")):
+            return "watch"
+        named = "name" in request.match_info
+        return "get" if named else "list"
+    return {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(
+        method, method.lower()
+    )
+
+
+def _flag(text: str | None) -> bool:
+    """A boolean query parameter, as Go's strconv.ParseBool reads it."""
+    return text in ("1", "t", "T", "true", "TRUE", "True")
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ApiError(400, f"invalid {what}: {text!r}") from None
+
+
+async def _json(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not JSON: {exc}") from None

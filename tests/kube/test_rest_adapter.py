@@ -1,0 +1,510 @@
+"""``RestKubeApi`` against the stand-in API server: every ``KubeApi`` method, the raw JSON
+it returns, the content types it sends, how errors and broken connections are translated,
+and a watch that expires and is listed again without missing a change."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import socket
+import ssl
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from agent.core.errors import ConfigError
+from agent.kube.port import Conflict, Gone, KubeApi, KubeError, NotFound, Obj, WatchEvent
+from agent.kube.rest import RestKubeApi
+from tests.certs import make_pki, make_token
+from tests.kube.apiserver import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, FakeApiServer
+
+TOKEN = "adapter-test-token"
+NS = "team-a"
+FINALIZER = "gpushare.io/lease"
+MINE = "spec.schedulerName=gpushare"
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(token=TOKEN, history=100) as server:
+        yield server
+
+
+@pytest.fixture
+async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
+    adapter = RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=5.0)
+    try:
+        yield adapter
+    finally:
+        await adapter.aclose()
+
+
+def test_it_has_every_method_of_the_port_with_its_signature() -> None:
+    adapter: KubeApi = RestKubeApi.from_url("http://127.0.0.1:1")  # no I/O, no loop needed
+    methods = [n for n in vars(KubeApi) if not n.startswith("_") and callable(vars(KubeApi)[n])]
+    assert len(methods) == 10
+    for name in methods:
+        port, ours = (
+            inspect.signature(getattr(KubeApi, name)),
+            inspect.signature(getattr(RestKubeApi, name)),
+        )
+        assert list(ours.parameters.values()) == list(port.parameters.values()), name
+        assert inspect.isasyncgenfunction(getattr(adapter, name)) == (name == "watch_pods")
+
+
+async def collect(
+    kube: KubeApi, version: str, count: int, *, field_selector: str = "", timeout_s: float = 30
+) -> list[WatchEvent]:
+    """The first ``count`` events of a watch (fewer if it ends), then the watch is closed."""
+    seen: list[WatchEvent] = []
+    async with contextlib.aclosing(
+        kube.watch_pods(version, field_selector=field_selector, timeout_s=timeout_s)
+    ) as events:
+        async for event in events:
+            seen.append(event)
+            if len(seen) == count:
+                break
+    return seen
+
+
+def patch_content_types(api: FakeApiServer) -> list[str]:
+    return [content_type for method, _, content_type in api.log if method == "PATCH"]
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+async def test_get_pod_returns_the_servers_json(api: FakeApiServer, kube: RestKubeApi) -> None:
+    api.create_pod("p", NS, annotations={"gpushare.io/memory": "20Gi"})
+    pod = await kube.get_pod(NS, "p")
+    assert pod == api.pod(NS, "p")  # exactly: camelCase keys, no model round trip
+    assert pod["metadata"]["creationTimestamp"].endswith("Z")
+    assert api.log[-1][:2] == ("GET", f"/api/v1/namespaces/{NS}/pods/p")
+
+
+async def test_a_missing_pod_is_not_found(kube: RestKubeApi) -> None:
+    with pytest.raises(NotFound) as caught:
+        await kube.get_pod(NS, "nope")
+    assert (caught.value.status, caught.value.reason) == (404, "NotFound")
+    assert 'pods "nope" not found' in str(caught.value)
+
+
+async def test_list_pods_with_selectors_and_its_resource_version(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    api.create_pod("mine", NS, scheduler_name="gpushare", labels={"app": "train"})
+    api.create_pod("bound", "team-b", scheduler_name="gpushare", node_name="n1")
+    api.create_pod("other", NS, labels={"app": "train"})
+    listing = await kube.list_pods(field_selector=MINE)
+    assert sorted(p["metadata"]["name"] for p in listing.items) == ["bound", "mine"]
+    assert listing.resource_version == api.resource_version == "3"
+    listing = await kube.list_pods(field_selector=f"{MINE},spec.nodeName=", label_selector="app")
+    assert [p["metadata"]["name"] for p in listing.items] == ["mine"]
+    listing = await kube.list_pods()
+    assert len(listing.items) == 3
+    assert api.requests["list"] == 3
+
+
+async def test_list_endpoint_slices_of_one_service(api: FakeApiServer, kube: RestKubeApi) -> None:
+    api.set_endpoints("gpushare-system", "gpushare-agent", [("n1", "10.0.0.1")], port=50051)
+    api.set_endpoints("gpushare-system", "unrelated", [("n2", "10.0.0.2")], port=80)
+    api.set_endpoints("elsewhere", "gpushare-agent", [("n3", "10.0.0.3")], port=50051)
+    slices = await kube.list_endpoint_slices("gpushare-system", "gpushare-agent")
+    assert [e["nodeName"] for s in slices for e in s["endpoints"]] == ["n1"]
+    assert slices[0]["ports"][0] == {"name": "grpc", "port": 50051, "protocol": "TCP"}
+    assert await kube.list_endpoint_slices("gpushare-system", "none") == []
+
+
+# -- writes --------------------------------------------------------------------------------
+
+
+async def test_patch_pod_sends_each_kind_with_its_content_type(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    api.create_pod("p", NS, finalizers=[FINALIZER, "other"])
+    pod = await kube.patch_pod(NS, "p", {"metadata": {"annotations": {"gpushare.io/lease": "L1"}}})
+    assert pod["metadata"]["annotations"] == {"gpushare.io/lease": "L1"}
+    ops: list[Obj] = [{"op": "remove", "path": "/metadata/finalizers/1"}]
+    pod = await kube.patch_pod(NS, "p", ops, kind="json")
+    assert pod["metadata"]["finalizers"] == [FINALIZER]
+    pod = await kube.patch_pod(NS, "p", {"metadata": {"labels": {"a": "b"}}}, kind="strategic")
+    assert pod["metadata"]["labels"] == {"a": "b"}
+    assert patch_content_types(api) == [MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH]
+    assert api.pod(NS, "p") == pod
+
+
+async def test_a_stale_patch_is_a_conflict_and_a_failing_test_op_a_kube_error(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    pod = api.create_pod("p", NS, finalizers=[FINALIZER])
+    stale = pod["metadata"]["resourceVersion"]
+    api.set_pod_phase(NS, "p", "Running")
+    with pytest.raises(Conflict) as caught:
+        await kube.patch_pod(NS, "p", {"metadata": {"finalizers": [], "resourceVersion": stale}})
+    assert (caught.value.status, caught.value.reason) == (409, "Conflict")
+    test_op: list[Obj] = [{"op": "test", "path": "/status/phase", "value": "Pending"}]
+    with pytest.raises(KubeError) as failed:
+        await kube.patch_pod(NS, "p", test_op, kind="json")
+    assert type(failed.value) is KubeError
+    assert (failed.value.status, failed.value.reason) == (422, "Invalid")
+    with pytest.raises(NotFound):
+        await kube.patch_pod(NS, "gone", {"metadata": {"labels": {"a": "b"}}})
+
+
+async def test_bind_pod_sets_the_node_and_a_second_bind_conflicts(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    pod = api.create_pod("p", NS, scheduler_name="gpushare")
+    uid = pod["metadata"]["uid"]
+    await kube.bind_pod(NS, "p", uid, "n1")
+    assert api.pod(NS, "p")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+    with pytest.raises(Conflict, match='already assigned to node "n1"'):
+        await kube.bind_pod(NS, "p", uid, "n2")
+    with pytest.raises(NotFound):
+        await kube.bind_pod(NS, "nope", "", "n1")
+
+    api.create_pod("q", NS)  # a pod of the same name made again: the old uid must not bind it
+    with pytest.raises(Conflict, match="Precondition failed: UID"):
+        await kube.bind_pod(NS, "q", uid, "n1")
+    await kube.bind_pod(NS, "q", "", "n1")
+    assert api.pod(NS, "q")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+
+
+async def test_patch_node_merges_labels_and_patch_node_status_merges_conditions(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    api.create_node("n1", labels={"zone": "a"})
+    node = await kube.patch_node("n1", {"metadata": {"labels": {"gpushare.io/agent": "ready"}}})
+    assert node["metadata"]["labels"] == {
+        "kubernetes.io/hostname": "n1",
+        "zone": "a",
+        "gpushare.io/agent": "ready",
+    }
+    condition = {"type": "GpushareAgentReady", "status": "False", "reason": "Unreachable"}
+    node = await kube.patch_node_status("n1", {"status": {"conditions": [condition]}})
+    types = [c["type"] for c in node["status"]["conditions"]]
+    assert types == ["Ready", "MemoryPressure", "GpushareAgentReady"]  # merged by type
+    node = await kube.patch_node_status(
+        "n1", {"status": {"conditions": [{**condition, "status": "True"}]}}
+    )
+    assert node["status"]["conditions"][2]["status"] == "True"
+    assert len(node["status"]["conditions"]) == 3
+    assert patch_content_types(api) == [MERGE_PATCH, STRATEGIC_PATCH, STRATEGIC_PATCH]
+    with pytest.raises(NotFound):
+        await kube.patch_node("n9", {"metadata": {"labels": {"a": "b"}}})
+
+
+async def test_create_event_is_recorded_for_its_pod(api: FakeApiServer, kube: RestKubeApi) -> None:
+    event: Obj = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": "p.", "namespace": NS},
+        "involvedObject": {"kind": "Pod", "namespace": NS, "name": "p", "uid": "u1"},
+        "reason": "LeaseReleased",
+        "message": "released L1",
+        "type": "Normal",
+        "source": {"component": "gpushare"},
+    }
+    await kube.create_event(NS, event)
+    (recorded,) = api.events_for("p", NS)
+    assert (recorded["reason"], recorded["message"]) == ("LeaseReleased", "released L1")
+    with pytest.raises(Conflict) as caught:
+        await kube.create_event(NS, {**event, "metadata": recorded["metadata"]})
+    assert caught.value.reason == "AlreadyExists"
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "reason"),
+    [
+        (404, NotFound, "NotFound"),
+        (409, Conflict, "Conflict"),
+        (410, Gone, "Expired"),
+        (403, KubeError, "Forbidden"),
+        (429, KubeError, "TooManyRequests"),
+        (500, KubeError, "InternalError"),
+    ],
+)
+async def test_error_statuses_become_the_ports_errors(
+    api: FakeApiServer, kube: RestKubeApi, status: int, error: type[KubeError], reason: str
+) -> None:
+    api.fail_next("GET", r"^/api/v1/pods", status, message="injected")
+    with pytest.raises(KubeError) as caught:
+        await kube.list_pods()
+    assert type(caught.value) is error
+    assert (caught.value.status, caught.value.reason) == (status, reason)
+    assert str(caught.value) == f"{status} {reason}: injected"
+    assert (await kube.list_pods()).items == []  # the next call is answered again
+
+
+async def test_a_wrong_token_is_unauthorized(api: FakeApiServer) -> None:
+    async with RestKubeApi.from_url(api.url, token="wrong") as kube:
+        with pytest.raises(KubeError) as caught:
+            await kube.list_pods()
+    assert (caught.value.status, caught.value.reason) == (401, "Unauthorized")
+
+
+async def test_a_broken_connection_and_a_dead_server_are_unreachable(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    api.create_pod("p", NS)
+    await kube.get_pod(NS, "p")  # a connection to reuse
+    api.fail_next("GET", r"/pods/p$", 0, times=2)  # aiohttp retries a reused one once
+    with pytest.raises(KubeError) as caught:
+        await kube.get_pod(NS, "p")
+    assert (caught.value.status, caught.value.reason) == (0, "Unreachable")
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    async with RestKubeApi.from_url(f"http://127.0.0.1:{port}", timeout_s=2) as dead:
+        with pytest.raises(KubeError) as caught:
+            await dead.patch_node("n1", {"metadata": {}})
+    assert (caught.value.status, caught.value.reason) == (0, "Unreachable")
+
+
+# -- watches -------------------------------------------------------------------------------
+
+
+async def test_a_watch_yields_every_change_after_its_version_in_order(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    api.create_pod("old", NS, scheduler_name="gpushare")
+    listing = await kube.list_pods(field_selector=MINE)
+    watching = asyncio.create_task(collect(kube, listing.resource_version, 5, field_selector=MINE))
+    pod = api.create_pod("p", NS, scheduler_name="gpushare", finalizers=[FINALIZER])
+    api.create_pod("not-mine", NS)
+    await kube.bind_pod(NS, "p", pod["metadata"]["uid"], "n1")
+    api.set_pod_phase(NS, "p", "Succeeded")
+    api.delete_pod(NS, "p")
+    await kube.patch_pod(NS, "p", {"metadata": {"finalizers": []}})
+    events = await asyncio.wait_for(watching, 10)
+    assert [(e.kind, e.obj["metadata"]["name"]) for e in events] == [
+        ("ADDED", "p"),
+        ("MODIFIED", "p"),
+        ("MODIFIED", "p"),
+        ("MODIFIED", "p"),
+        ("DELETED", "p"),
+    ]
+    assert events[1].obj["spec"]["nodeName"] == "n1"
+    assert events[2].obj["status"]["phase"] == "Succeeded"
+    assert events[3].obj["metadata"]["deletionTimestamp"]
+    assert events[4].obj["metadata"]["resourceVersion"] == api.resource_version
+    await until(lambda: not api.watchers)  # closing the iterator closed the stream
+
+
+async def test_bookmarks_are_passed_through_and_the_watch_ends_at_its_timeout(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    watching = asyncio.create_task(collect(kube, api.resource_version, 10, timeout_s=1))
+    await wait_for_watch(api)
+    api.create_pod("p", NS)
+    api.bookmark()
+    events = await asyncio.wait_for(watching, 10)  # ends by itself after about a second
+    assert [e.kind for e in events] == ["ADDED", "BOOKMARK"]
+    assert events[1].obj["metadata"]["resourceVersion"] == api.resource_version
+    (watch_request,) = [path for method, path, _ in api.log if "watch=" in path]
+    assert "allowwatchbookmarks=true" in watch_request.lower()
+    assert "timeoutSeconds=1" in watch_request
+
+
+async def test_an_expired_watch_raises_gone(api: FakeApiServer, kube: RestKubeApi) -> None:
+    api.create_pod("a", NS)
+    version = api.resource_version
+    api.create_pod("b", NS)
+    api.compact()
+    with pytest.raises(Gone) as caught:
+        await collect(kube, version, 1)
+    assert (caught.value.status, caught.value.reason) == (410, "Expired")
+    api.fail_next("GET", r"watch=", 410)  # a plain 410 answer to the watch request
+    with pytest.raises(Gone):
+        await collect(kube, api.resource_version, 1)
+    api.fail_next("GET", r"watch=", 500)
+    with pytest.raises(KubeError) as failed:
+        await collect(kube, api.resource_version, 1)
+    assert failed.value.status == 500
+
+
+class Informer:
+    """What client-go's reflector does: list, watch from the list's version, watch again
+    from the last version seen when a watch ends, list again on Gone. The cache it keeps
+    must end equal to the server's pods."""
+
+    def __init__(self, kube: KubeApi) -> None:
+        self.kube = kube
+        self.pods: dict[str, Obj] = {}
+        self.version = ""
+        self.lists = 0
+        self.gone = 0
+
+    async def run(self) -> None:
+        while True:
+            if not self.version:
+                listing = await self.kube.list_pods(field_selector=MINE)
+                self.lists += 1
+                self.pods = {p["metadata"]["name"]: p for p in listing.items}
+                self.version = listing.resource_version
+            try:
+                async with contextlib.aclosing(
+                    self.kube.watch_pods(self.version, field_selector=MINE)
+                ) as events:
+                    async for event in events:
+                        name = event.obj["metadata"].get("name", "")
+                        if event.kind == "DELETED":
+                            self.pods.pop(name, None)
+                        elif event.kind != "BOOKMARK":
+                            self.pods[name] = event.obj
+                        self.version = event.obj["metadata"]["resourceVersion"]
+            except Gone:
+                self.gone += 1
+                self.version = ""
+
+
+async def test_a_watch_that_expires_is_listed_again_and_misses_nothing(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    for i in range(3):
+        api.create_pod(f"p{i}", NS, scheduler_name="gpushare", finalizers=[FINALIZER])
+    informer = Informer(kube)
+    running = asyncio.create_task(informer.run())
+    try:
+        await wait_for_watch(api)
+        api.set_pod_phase(NS, "p0", "Running")
+        await settle(informer, api)
+
+        # the server ends the watch; before it is watched again pods change and the
+        # history is compacted (all before the next await: nothing runs in between)
+        for watcher in list(api.watchers):
+            watcher.queue.put_nowait(None)
+        api.create_pod("p3", NS, scheduler_name="gpushare")
+        api.delete_pod(NS, "p1")
+        api.patch_pod(NS, "p1", {"metadata": {"finalizers": []}})
+        api.set_pod_phase(NS, "p2", "Failed")
+        api.compact()
+        await settle(informer, api)
+        assert (informer.gone, informer.lists) == (1, 2)  # the old version expired: listed
+
+        api.create_pod("p4", NS, scheduler_name="gpushare")
+        api.create_pod("ignored", NS)
+        await settle(informer, api)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, KubeError):
+            await running
+    expected = {p["metadata"]["name"]: p for p in api.objects["pods"].values()}
+    expected.pop("ignored")
+    assert set(informer.pods) == {"p0", "p2", "p3", "p4"}
+    assert {n: p["metadata"]["resourceVersion"] for n, p in informer.pods.items()} == {
+        n: p["metadata"]["resourceVersion"] for n, p in expected.items()
+    }
+    assert informer.pods["p2"]["status"]["phase"] == "Failed"
+
+
+async def test_the_watch_after_compaction_is_gone_then_the_relist_catches_up(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    """The exact sequence: a version from before the compaction gets Gone; a new list
+    holds the changes made meanwhile; a watch from its version sees only what follows."""
+    api.create_pod("a", NS, scheduler_name="gpushare")
+    before = (await kube.list_pods(field_selector=MINE)).resource_version
+    api.create_pod("b", NS, scheduler_name="gpushare")
+    api.compact()
+    with pytest.raises(Gone):
+        await collect(kube, before, 1, field_selector=MINE)
+    listing = await kube.list_pods(field_selector=MINE)
+    assert [p["metadata"]["name"] for p in listing.items] == ["a", "b"]
+    watching = asyncio.create_task(collect(kube, listing.resource_version, 1, field_selector=MINE))
+    api.create_pod("c", NS, scheduler_name="gpushare")
+    (event,) = await asyncio.wait_for(watching, 10)
+    assert (event.kind, event.obj["metadata"]["name"]) == ("ADDED", "c")
+
+
+async def until(condition: Callable[[], bool], what: str = "the condition") -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{what} did not hold within 5 s")
+
+
+async def wait_for_watch(api: FakeApiServer) -> None:
+    await until(lambda: bool(api.watchers), "a watch")
+
+
+async def settle(informer: Informer, api: FakeApiServer) -> None:
+    """Until the informer's cache holds the server's versions of its pods."""
+    for _ in range(500):
+        want = {
+            p["metadata"]["name"]: p["metadata"]["resourceVersion"]
+            for p in api.objects["pods"].values()
+            if p["spec"].get("schedulerName") == "gpushare"
+        }
+        have = {n: p["metadata"]["resourceVersion"] for n, p in informer.pods.items()}
+        if want == have and api.watchers:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the informer did not catch up: {have} != {want}")
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+async def test_in_cluster_uses_the_service_account_over_tls(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    token = make_token(tmp_path / "token")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    async with FakeApiServer(token=token, ssl_context=tls) as api:
+        api.create_pod("p", NS)
+        port = api.url.rsplit(":", 1)[1]
+        environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}
+        async with RestKubeApi.in_cluster(
+            token_file=str(tmp_path / "token"), ca_file=str(pki.ca), environ=environ
+        ) as kube:
+            assert kube.host == api.url
+            assert (await kube.get_pod(NS, "p"))["metadata"]["name"] == "p"
+        async with RestKubeApi.from_url(api.url, token=token, ca_file=str(pki.ca)) as kube:
+            assert len((await kube.list_pods()).items) == 1
+        async with RestKubeApi.from_url(api.url, token=token) as kube:  # not our CA
+            with pytest.raises(KubeError) as caught:
+                await kube.list_pods()
+            assert caught.value.reason == "Unreachable"
+        async with RestKubeApi.from_url(api.url, token=token, verify=False) as kube:
+            assert len((await kube.list_pods()).items) == 1
+
+
+async def test_in_cluster_reads_a_rotated_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubernetes_asyncio.config import incluster_config
+
+    monkeypatch.setattr(incluster_config, "TOKEN_REFRESH_PERIOD", timedelta(0))  # not 1 min
+    pki = make_pki(tmp_path / "pki")
+    token_file = tmp_path / "token"
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    async with FakeApiServer(token=make_token(token_file), ssl_context=tls) as api:
+        environ = {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": api.url.rsplit(":", 1)[1],
+        }
+        async with RestKubeApi.in_cluster(
+            token_file=str(token_file), ca_file=str(pki.ca), environ=environ
+        ) as kube:
+            await kube.list_pods()
+            api.token = make_token(token_file)  # the kubelet writes a new one
+            await kube.list_pods()
+            api.token = "not-the-file"
+            with pytest.raises(KubeError) as caught:
+                await kube.list_pods()
+            assert caught.value.status == 401
+
+
+def test_in_cluster_outside_a_cluster_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not in a cluster"):
+        RestKubeApi.in_cluster(token_file=str(tmp_path / "none"), environ={})
