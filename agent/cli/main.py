@@ -312,6 +312,7 @@ def main() -> None:
 def _register_subgroups() -> None:
     from agent.cli import leases
     from agent.cli.estimator import estimator
+    from agent.cli.kube import kube
     from agent.cli.mps import mps
     from agent.cli.profile import profile
     from agent.cli.readiness import readiness
@@ -323,6 +324,7 @@ def _register_subgroups() -> None:
         profile,
         telemetry,
         estimator,
+        kube,
         readiness,
         leases.leases,
         leases.explain,

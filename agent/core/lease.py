@@ -45,6 +45,10 @@ class LeaseState(enum.StrEnum):
 LEASE_ID_PATTERN = r"l-[A-Za-z0-9_-]{16}"  # "l-" and 12 random bytes, URL-safe base64
 
 
+# How the agent ends its refusal of a request id whose lease has ended (FAILED_PRECONDITION).
+ENDED_REQUEST_ID_HINT = "use a new request id"
+
+
 def new_lease_id() -> str:
     """A fresh lease id (unguessable: a lease id is what Release names)."""
     return "l-" + secrets.token_urlsafe(12)

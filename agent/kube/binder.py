@@ -16,20 +16,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
 from agent.api.proto import agent_pb2 as pb
+from agent.core.lease import ENDED_REQUEST_ID_HINT
 from agent.kube.annotations import LEASE_ANNOTATION, AnnotationError, PodAsk, parse_ask
 from agent.kube.cache import AgentCache
 from agent.kube.port import KubeApi, KubeError, NotFound, Obj
-from agent.kube.views import lease_of
+from agent.kube.views import lease_of, pod_request_id
 
 log = logging.getLogger(__name__)
 
+MAX_REQUEST_IDS = 8  # request ids tried in one bind
+ATTEMPTS_KEPT = 10_000
 PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
 
 
@@ -72,6 +75,7 @@ class Binder:
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_bound: dict[str, str] = {}  # node -> lease id bound last, maybe not allocated
         self._gangs: dict[str, Gang] = {}
+        self._attempts: dict[str, int] = {}  # pod uid -> its request id's attempt, newest last
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Bind the pod to ``node`` under a lease; "" on success, else why not."""
@@ -97,7 +101,10 @@ class Binder:
         link = self._link(node)
         async with self._lock(node):
             await self._wait_previous(node)
-            answer = await _agent_call(node, link.admit(**request_fields(pod, ask)))
+            fields = request_fields(pod, ask)
+            answer = await self._granted(
+                node, pod, lambda request_id: link.admit(**{**fields, "request_id": request_id})
+            )
             if not answer.decision.admitted:
                 raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
             await self._place(
@@ -151,8 +158,13 @@ class Binder:
             self._gangs[key] = gang
         link = self._link(node)
         fields = request_fields(pod, ask)
-        answer = await _agent_call(
-            node, link.reserve(key, ttl_s=self._options.gang_ttl_s, **fields)
+        ttl_s = self._options.gang_ttl_s
+        answer = await self._granted(
+            node,
+            pod,
+            lambda request_id: link.reserve(
+                key, ttl_s=ttl_s, **{**fields, "request_id": request_id}
+            ),
         )
         if not answer.decision.admitted:
             raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
@@ -228,6 +240,24 @@ class Binder:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    async def _granted(
+        self, node: str, pod: Obj, ask: Callable[[str], Awaitable[pb.AdmitResponse]]
+    ) -> pb.AdmitResponse:
+        """Ask with the pod's request id; when the agent answers that the id's lease has
+        ended (a failed bind gave it back, its gang was aborted), ask with the next id."""
+        uid = pod["metadata"]["uid"]
+        for _ in range(MAX_REQUEST_IDS):
+            attempt = self._attempts.get(uid, 0)
+            try:
+                return await ask(pod_request_id(uid, attempt))
+            except grpc.aio.AioRpcError as exc:
+                if not _ended_request_id(exc):
+                    raise BindError(_refused(node, exc)) from exc
+            self._attempts[uid] = attempt + 1
+            while len(self._attempts) > ATTEMPTS_KEPT:
+                del self._attempts[next(iter(self._attempts))]
+        raise BindError(f"{node}: {MAX_REQUEST_IDS} ended leases in a row for pod {uid}")
+
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())
 
@@ -242,12 +272,23 @@ async def _agent_call(node: str, call: Any) -> Any:
     try:
         return await call
     except grpc.aio.AioRpcError as exc:
-        raise BindError(f"{node}: the agent refused: {exc.code().name}: {exc.details()}") from exc
+        raise BindError(_refused(node, exc)) from exc
+
+
+def _refused(node: str, exc: grpc.aio.AioRpcError) -> str:
+    return f"{node}: the agent refused: {exc.code().name}: {exc.details()}"
+
+
+def _ended_request_id(exc: grpc.aio.AioRpcError) -> bool:
+    return exc.code() is grpc.StatusCode.FAILED_PRECONDITION and ENDED_REQUEST_ID_HINT in (
+        exc.details() or ""
+    )
 
 
 def request_fields(pod: Obj, ask: PodAsk) -> dict[str, Any]:
     """The agent request for this pod: its UID is the request id (a retry is the same
-    request), its namespace the tenant and the trust domain."""
+    request; :func:`pod_request_id` once a lease of it has ended), its namespace the
+    tenant and the trust domain."""
     meta = pod["metadata"]
     return {
         "request_id": meta["uid"],

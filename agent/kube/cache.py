@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 ALLOCATED = "lease.allocated"  # the agent's event when the kubelet allocated a lease
 COALESCE_S = 0.02
 RETRY_MAX_S = 5.0
+HEARTBEAT_S = 5.0  # the longest a dead agent's node is decided on from its last answer
 ALLOCATED_KEPT = 10_000
 
 
@@ -35,6 +36,7 @@ class NodeEntry:
     link: AgentLink | None = None
     snapshot: pb.GetNodeResponse | None = None
     error: str = "not connected yet"
+    stale: bool = False  # the last GetNode failed: the snapshot is not to be decided on
     pending: dict[str, Lease] = field(default_factory=dict)
     allocated: dict[str, asyncio.Event] = field(default_factory=dict)
     allocated_ids: dict[str, None] = field(default_factory=dict)  # newest last, bounded
@@ -81,11 +83,12 @@ class AgentCache:
 
     # -- what the extender reads -------------------------------------------------------------
 
-    def views(self, node: str) -> list[DeviceView] | None:
+    def views(self, node: str, *, without_request: str = "") -> list[DeviceView] | None:
+        """The node as the rules see it (``without_request``: see :func:`device_views`)."""
         entry = self.nodes.get(node)
-        if entry is None or entry.snapshot is None or entry.link is None:
+        if entry is None or entry.snapshot is None or entry.link is None or entry.stale:
             return None
-        return device_views(entry.snapshot, entry.pending.values())
+        return device_views(entry.snapshot, entry.pending.values(), without_request=without_request)
 
     def why_unknown(self, node: str) -> str:
         entry = self.nodes.get(node)
@@ -143,7 +146,7 @@ class AgentCache:
 
     async def _serve(self, entry: NodeEntry, link: AgentLink) -> None:
         entry.snapshot = await link.get_node()
-        entry.link, entry.error = link, ""
+        entry.link, entry.error, entry.stale = link, "", False
         entry.ready.set()
         refresher = asyncio.create_task(
             self._refresh(entry, link), name=f"refresh-{entry.node_name}"
@@ -161,8 +164,13 @@ class AgentCache:
                 await refresher
 
     async def _refresh(self, entry: NodeEntry, link: AgentLink) -> None:
+        """A GetNode after each burst of events, and at least every ``HEARTBEAT_S``: the
+        event stream retries a dead agent quietly, so an agent that stops answering is
+        noticed here, and its node is unknown (not filtered on its last answer) until it
+        answers again."""
         while True:
-            await entry.dirty.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(entry.dirty.wait(), HEARTBEAT_S)
             await asyncio.sleep(COALESCE_S)
             entry.dirty.clear()
             started = time.monotonic()
@@ -170,10 +178,11 @@ class AgentCache:
                 snapshot = await link.get_node()
             except grpc.aio.AioRpcError as exc:
                 entry.error = _why(exc)
+                entry.stale = True
                 entry.dirty.set()
                 await asyncio.sleep(RETRY_MAX_S / 10)
                 continue
-            entry.snapshot = snapshot
+            entry.snapshot, entry.stale, entry.error = snapshot, False, ""
             shown = {x.lease_id for x in snapshot.leases}
             for lease_id in [x for x in entry.pending if x in shown]:
                 del entry.pending[lease_id]

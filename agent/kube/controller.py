@@ -18,13 +18,17 @@ from collections.abc import Callable
 
 import grpc
 
-from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
+from agent.api.proto import agent_pb2 as pb
+from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME
 from agent.kube.cache import AgentCache
-from agent.kube.port import Conflict, Gone, KubeApi, KubeError, NotFound, Obj
+from agent.kube.port import Conflict, Gone, KubeApi, KubeError, NotFound, Obj, annotations_of
+from agent.kube.views import pod_uid_of
 
 log = logging.getLogger(__name__)
 
 ENDED_PHASES = ("Succeeded", "Failed")
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 30.0
 DONE_CODES = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -59,19 +63,29 @@ class LeaseController:
         """List, handle, watch; a watch that expires (410) lists again. Reconciles every
         ``reconcile_interval_s`` beside it."""
         reconciling = asyncio.create_task(self._reconcile_forever(), name="lease-reconcile")
+        delay_s = RETRY_FIRST_S
         try:
             while True:
-                version = await self.relist()
                 try:
-                    async for change in self._api.watch_pods(version, field_selector=_MINE):
-                        if change.kind == "BOOKMARK":
-                            continue
-                        await self.handle(change.obj, deleted=change.kind == "DELETED")
+                    await self._follow_pods()
+                    delay_s = RETRY_FIRST_S
                 except Gone:
                     log.info("pod watch expired (410): listing again")
+                except KubeError as exc:  # unreachable, 5xx, 429: the same again, later
+                    log.warning("pods: %s; listing again in %.1f s", exc, delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, RETRY_MAX_S)
         finally:
             reconciling.cancel()
             await asyncio.gather(reconciling, return_exceptions=True)
+
+    async def _follow_pods(self) -> None:
+        """List, then watch until the stream ends (a watch times out: list again)."""
+        version = await self.relist()
+        async for change in self._api.watch_pods(version, field_selector=_MINE):
+            if change.kind == "BOOKMARK":
+                continue
+            await self.handle(change.obj, deleted=change.kind == "DELETED")
 
     async def relist(self) -> str:
         listing = await self._api.list_pods(field_selector=_MINE)
@@ -95,13 +109,18 @@ class LeaseController:
         agent's own record (its request id is the pod's UID, its pod the pod's name), never
         by the pod's annotation, which a user could point at another pod's lease."""
         key, uid = _key(pod)
-        node = (pod.get("spec") or {}).get("nodeName", "")
-        entry = self._cache.nodes.get(node)
-        if not node or entry is None or entry.snapshot is None:
-            return True  # never bound, or no agent: the reconcile covers any lease
-        mine = [x for x in entry.snapshot.leases if x.request_id == uid and x.pod == key]
-        done = [await self.release(node, x.lease_id, why=f"pod {key} ended") for x in mine]
-        return all(done)
+        bound = (pod.get("spec") or {}).get("nodeName", "")
+        # unbound: a bind that died may have left a lease on any node
+        nodes = [bound] if bound else list(self._cache.nodes)
+        done = True
+        for node in nodes:
+            entry = self._cache.nodes.get(node)
+            if entry is None or entry.snapshot is None:
+                continue  # no agent there (now): the reconcile covers any lease
+            for lease in entry.snapshot.leases:
+                if pod_uid_of(lease.request_id) == uid and lease.pod == key:
+                    done &= await self.release(node, lease.lease_id, why=f"pod {key} ended")
+        return done
 
     async def release(self, node: str, lease_id: str, *, why: str) -> bool:
         link = self._cache.link(node)
@@ -146,13 +165,15 @@ class LeaseController:
 
     async def reconcile(self) -> int:
         """Release every agent's pod lease, older than the grace, whose pod is gone, is
-        another pod of that name, ended, or is bound to another node or to none (a bind
-        that died half way); returns how many."""
-        placed = {
-            _key(p): (p.get("spec") or {}).get("nodeName", "")
-            for p in self.pods.values()
-            if not ended(p)
-        }
+        another pod of that name, ended, or is bound to another node; returns how many.
+
+        A lease whose pod lives unbound (a bind that died after the grant) is kept: the
+        scheduler tries the pod again, the extender does not count the lease against it,
+        and the agent answers the retry (same request id, the pod's UID) with that same
+        lease. Released here, the lease's request id could never be used again and the
+        pod would never bind. If the retry goes to another node, this lease is then bound
+        elsewhere and released; if the pod ends, it is released as the pod's."""
+        placed = {_key(p): _placement(p) for p in self.pods.values() if not ended(p)}
         count = 0
         now = self._clock()
         for node, entry in list(self._cache.nodes.items()):
@@ -160,11 +181,32 @@ class LeaseController:
                 young = now - lease.created_at <= self._grace_s
                 if not lease.pod or lease.state == "reserved" or young:
                     continue
-                where = placed.get((lease.pod, lease.request_id))
-                if where != node:
-                    why = "is gone" if where is None else f"is bound to {where or 'no node'}"
+                why = _orphaned(lease, node, placed.get((lease.pod, pod_uid_of(lease.request_id))))
+                if why:
                     count += await self.release(node, lease.lease_id, why=f"its pod {why}")
         return count
+
+
+def _placement(pod: Obj) -> tuple[str, str]:
+    """The node a live pod is bound to ("" for none) and the lease it was bound with."""
+    node = (pod.get("spec") or {}).get("nodeName", "")
+    return node, annotations_of(pod).get(LEASE_ANNOTATION, "")
+
+
+def _orphaned(lease: pb.Lease, node: str, placement: tuple[str, str] | None) -> str:
+    """Why this pod lease on ``node`` is no longer its pod's, or "" if it still is. The
+    pod's lease annotation only chooses among the pod's own leases (a user who points it
+    at another pod's lease changes nothing for that lease)."""
+    if placement is None:
+        return "is gone or ended"
+    where, bound_with = placement
+    if where == "":
+        return ""  # a bind died half way: the pod's retry takes this lease back
+    if where != node:
+        return f"is bound to {where}"
+    if bound_with and bound_with != lease.lease_id:
+        return f"was bound with lease {bound_with}"
+    return ""
 
 
 def _key(pod: Obj) -> tuple[str, str]:

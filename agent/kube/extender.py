@@ -56,7 +56,7 @@ class Extender:
         failed: dict[str, str] = {}
         now = time.time()
         for node in nodes:
-            views = self.cache.views(node)
+            views = self.cache.views(node, without_request=request.request_id)
             if views is None:
                 failed[node] = self.cache.why_unknown(node)
                 continue

@@ -22,6 +22,7 @@ from agent.kube.binder import Binder, BindOptions
 from agent.kube.cache import AgentCache
 from agent.kube.controller import LeaseController
 from agent.kube.extender import Extender, build_extender_app
+from agent.kube.nodestate import publish_node_states
 from agent.kube.port import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ class ClusterOptions:
     agent_cert_file: str = ""  # mutual TLS: this side's certificate and key
     agent_key_file: str = ""
     agent_token_file: str = ""  # or a bearer token over TLS
+    # the name the agents' certificates carry: they are reached by pod address
+    agent_server_name: str = "gpushare-agent.gpushare-system.svc"
     insecure_agents: bool = False  # plaintext to the agents (tests and kind only)
     extender_listen: str = "127.0.0.1:8888"  # kube-scheduler runs in the same pod
     webhook_listen: str = ""  # "0.0.0.0:8443" with the two files below; "" for none
@@ -43,6 +46,8 @@ class ClusterOptions:
     discovery_interval_s: float = 10.0
     bind: BindOptions = field(default_factory=BindOptions)
     reconcile_interval_s: float = 60.0
+    node_state_interval_s: float = 30.0
+    lease_grace_s: float = 60.0  # a younger lease may belong to a bind in flight
     rules: Rules = field(default_factory=Rules)
 
 
@@ -58,7 +63,13 @@ def connector(options: ClusterOptions) -> Connect:
     token = read_token_file(options.agent_token_file) if options.agent_token_file else None
 
     def connect(target: str) -> contextlib.AbstractAsyncContextManager[AgentLink]:
-        return AgentClient(target, token=token, credentials=credentials, attempts=2)
+        return AgentClient(
+            target,
+            token=token,
+            credentials=credentials,
+            server_name=options.agent_server_name if credentials is not None else "",
+            attempts=2,
+        )
 
     return connect
 
@@ -100,10 +111,14 @@ class ClusterSide:
         self.cache = AgentCache(connector(options))
         self.binder = Binder(api, self.cache, options.bind)
         self.controller = LeaseController(
-            api, self.cache, reconcile_interval_s=options.reconcile_interval_s
+            api,
+            self.cache,
+            reconcile_interval_s=options.reconcile_interval_s,
+            grace_s=options.lease_grace_s,
         )
         self.extender = Extender(self.cache, self.binder, options.rules)
         self.extender_port = 0
+        self.webhook_port = 0
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -120,11 +135,20 @@ class ClusterSide:
 
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(options.webhook_cert_file, options.webhook_key_file)
-            await stack.enter_async_context(site(build_webhook_app(), options.webhook_listen, tls))
-            log.info("webhook serving on %s", options.webhook_listen)
+            hooked = await stack.enter_async_context(
+                site(build_webhook_app(), options.webhook_listen, tls)
+            )
+            self.webhook_port = _port_of(hooked)
+            log.info("webhook serving on %s (port %d)", options.webhook_listen, self.webhook_port)
         self._tasks = [
             asyncio.create_task(discover(self.api, self.cache, options), name="agent-discovery"),
             asyncio.create_task(self.controller.run(), name="lease-controller"),
+            asyncio.create_task(
+                publish_node_states(
+                    self.api, self.cache, options.rules, interval_s=options.node_state_interval_s
+                ),
+                name="node-state",
+            ),
         ]
 
     async def wait(self) -> None:

@@ -12,6 +12,18 @@ from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device, PriorityClass, ReasonCode, SharingMode
 
 
+def pod_request_id(uid: str, attempt: int = 0) -> str:
+    """The request id of a pod's ``attempt``-th lease: its UID, then ``<uid>/<n>``. A pod
+    whose lease ended before it was bound (a failed bind gave it back, its gang was
+    aborted) needs a new request id: the agent never reuses the id of an ended lease."""
+    return uid if attempt == 0 else f"{uid}/{attempt}"
+
+
+def pod_uid_of(request_id: str) -> str:
+    """The pod UID a request id was made from (:func:`pod_request_id`)."""
+    return request_id.partition("/")[0]
+
+
 def device_of(message: pb.Device) -> Device:
     major, _, minor = message.compute_capability.partition(".")
     capability = (int(major), int(minor)) if major.isdigit() and minor.isdigit() else (0, 0)
@@ -45,15 +57,21 @@ def lease_of(message: pb.Lease) -> Lease:
     )
 
 
-def device_views(node: pb.GetNodeResponse, extra: Iterable[Lease] = ()) -> list[DeviceView]:
+def device_views(
+    node: pb.GetNodeResponse, extra: Iterable[Lease] = (), *, without_request: str = ""
+) -> list[DeviceView]:
     """The node's devices with their live leases, plus ``extra`` (binds in flight that the
-    answer does not show yet)."""
+    answer does not show yet), less the leases of the pod whose UID is ``without_request``:
+    a pod whose bind died after its lease was granted gets that same lease back on a retry
+    (same request id), so it must not count against itself."""
     by_device: dict[str, list[Lease]] = {d.uuid: [] for d in node.devices}
     seen = {x.lease_id for x in node.leases}
     for lease in [
         *(lease_of(x) for x in node.leases),
         *(x for x in extra if x.lease_id not in seen),
     ]:
+        if without_request and pod_uid_of(lease.request_id) == without_request:
+            continue
         by_device.setdefault(lease.device_uuid, []).append(lease)
     closed = {x.device_uuid: x for x in node.ledger if x.closed}
     views = []

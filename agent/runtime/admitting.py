@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from agent.admission.attributes import admission_attributes, readiness_order
 from agent.admission.policy import DeviceView, RetentionGate, Rules, decide
 from agent.core.errors import ConflictError, GpushareError, PermissionDeniedError, StateError
-from agent.core.lease import Lease, LeaseState, new_lease_id, transition
+from agent.core.lease import ENDED_REQUEST_ID_HINT, Lease, LeaseState, new_lease_id, transition
 from agent.core.types import (
     AdmissionRequest,
     AdmitResult,
@@ -215,7 +215,7 @@ class Admissions:
         if not lease.state.holds_capacity:
             raise ConflictError(
                 f"request id {request.request_id!r} belongs to lease {lease.lease_id}, which "
-                f"is {lease.state.value}; use a new request id"
+                f"is {lease.state.value}; {ENDED_REQUEST_ID_HINT}"
             )
         decision = Decision(True, lease.device_uuid, message="already admitted (same request id)")
         return self.result(decision, lease)

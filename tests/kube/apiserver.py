@@ -541,6 +541,17 @@ class Fault:
     times: int
 
 
+@dataclass
+class Hold:
+    """A request held before it is served: ``arrived`` is set when it comes, and it goes
+    on once ``release`` is set (or is dropped with its connection if the client left)."""
+
+    method: str
+    path: re.Pattern[str]
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 def _event_for(watcher: Watcher, change: Change) -> Obj | None:
     """The change as this watcher sees it (its namespace, its selector), or None."""
     if change.resource != watcher.kind.resource:
@@ -581,6 +592,7 @@ class FakeApiServer:
         # (method, path with query, content type) of every request, in order
         self.log: list[tuple[str, str, str]] = []
         self.faults: list[Fault] = []
+        self.holds: list[Hold] = []
         self.watchers: set[Watcher] = set()
         self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
@@ -643,6 +655,12 @@ class FakeApiServer:
         self.requests[_verb(request)] += 1
         if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
             return ApiError(401, "Unauthorized").response()
+        for hold in list(self.holds):
+            if hold.method == request.method and hold.path.search(request.path_qs):
+                self.holds.remove(hold)
+                hold.arrived.set()
+                await hold.release.wait()
+                break
         for fault in self.faults:
             if fault.method == request.method and fault.path.search(request.path_qs):
                 fault.times -= 1
@@ -1106,6 +1124,18 @@ class FakeApiServer:
                     "metadata": {"resourceVersion": str(self.version)},
                 }
                 watcher.queue.put_nowait({"type": "BOOKMARK", "object": obj})
+
+    def hold_next(self, method: str, path_regex: str) -> Hold:
+        """Hold the next request whose method and path (with its query) match until the
+        returned hold's ``release`` is set."""
+        hold = Hold(method.upper(), re.compile(path_regex))
+        self.holds.append(hold)
+        return hold
+
+    def end_watches(self) -> None:
+        """End every open watch stream, as the server does at ``timeoutSeconds``."""
+        for watcher in list(self.watchers):
+            watcher.queue.put_nowait(None)
 
     def fail_next(
         self,

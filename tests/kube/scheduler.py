@@ -115,6 +115,8 @@ class SchedulerStandIn:
             try:
                 async with limit:
                     await self.schedule(pod)
+            except aiohttp.ClientError:  # the extender is down: kube-scheduler retries
+                pass
             finally:
                 await asyncio.sleep(self.retry_s)
                 busy.discard(pod["metadata"]["uid"])

@@ -1,0 +1,288 @@
+"""``gpushare kube serve``: the cluster side of the Kubernetes integration (the extender
+beside a second kube-scheduler, the lease controller, the node-state publisher and, if
+asked, the admission webhook), in the foreground until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agent.cli import exits
+from agent.cli.common import CONTEXT, fail
+from agent.core.errors import ConfigError, GpushareError
+
+log = logging.getLogger(__name__)
+
+
+@click.group(context_settings=CONTEXT)
+def kube() -> None:
+    """The cluster side of the Kubernetes integration (see docs/kubernetes.md)."""
+
+
+def _file(_ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A file option: empty, or a file this process can read."""
+    if value and not Path(value).is_file():
+        raise click.BadParameter(f"{value}: no such file", param=param)
+    return value
+
+
+def _listen(_ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """HOST:PORT with a port number, or empty."""
+    if not value:
+        return value
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT", param=param)
+    return value
+
+
+def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if value <= 0:
+        raise click.BadParameter(f"{value:g} must be above 0", param=param)
+    return value
+
+
+@kube.command("serve", context_settings=CONTEXT)
+@click.option(
+    "--api-server",
+    envvar="GPUSHARE_KUBE_API_SERVER",
+    metavar="URL",
+    default="",
+    help="The Kubernetes API server (https://HOST:6443). Default: the pod's service account "
+    "(in-cluster). Env: GPUSHARE_KUBE_API_SERVER.",
+)
+@click.option(
+    "--api-token-file",
+    metavar="FILE",
+    default="",
+    callback=_file,
+    help="Bearer token for --api-server.",
+)
+@click.option(
+    "--api-ca", metavar="FILE", default="", callback=_file, help="CA of --api-server's certificate."
+)
+@click.option(
+    "--agents-namespace",
+    default="gpushare-system",
+    show_default=True,
+    help="Namespace of the agents' headless Service.",
+)
+@click.option(
+    "--agents-service",
+    default="gpushare-agent",
+    show_default=True,
+    help="The agents' headless Service; its EndpointSlices (port 'grpc') name one agent per node.",
+)
+@click.option(
+    "--agent-ca",
+    metavar="FILE",
+    default="",
+    callback=_file,
+    help="CA of the agents' certificates (TLS towards the agents).",
+)
+@click.option(
+    "--agent-cert",
+    metavar="FILE",
+    default="",
+    callback=_file,
+    help="This side's certificate, for mutual TLS with the agents.",
+)
+@click.option(
+    "--agent-key", metavar="FILE", default="", callback=_file, help="The key of --agent-cert."
+)
+@click.option(
+    "--agent-token-file",
+    metavar="FILE",
+    default="",
+    callback=_file,
+    help="Bearer token towards the agents (over TLS, or plaintext with --insecure-agents).",
+)
+@click.option(
+    "--agent-server-name",
+    default="gpushare-agent.gpushare-system.svc",
+    show_default=True,
+    help="The name the agents' certificates carry (they are reached by pod address).",
+)
+@click.option(
+    "--insecure-agents",
+    is_flag=True,
+    help="Plaintext gRPC to the agents: for tests and kind clusters only.",
+)
+@click.option(
+    "--extender-listen",
+    default="127.0.0.1:8888",
+    show_default=True,
+    callback=_listen,
+    metavar="HOST:PORT",
+    help="Where the extender listens (kube-scheduler calls it from the same pod).",
+)
+@click.option(
+    "--webhook-listen",
+    default="",
+    callback=_listen,
+    metavar="HOST:PORT",
+    help="Serve the admission webhook (HTTPS) here, e.g. 0.0.0.0:8443. Default: no webhook.",
+)
+@click.option(
+    "--webhook-cert",
+    metavar="FILE",
+    default="",
+    callback=_file,
+    help="The webhook's TLS certificate.",
+)
+@click.option(
+    "--webhook-key", metavar="FILE", default="", callback=_file, help="The webhook's TLS key."
+)
+@click.option(
+    "--reconcile-interval-s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    callback=_positive,
+    help="How often every agent's pod leases are checked against the pods.",
+)
+@click.option(
+    "--lease-grace-s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    callback=_positive,
+    help="A pod lease younger than this is left to the bind that may be making "
+    "it; the reconcile judges older ones.",
+)
+@click.option(
+    "--hold-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    callback=_positive,
+    help="How long a bind waits for the kubelet to allocate the previous pod bound "
+    "to the same node.",
+)
+@click.option(
+    "--gang-ttl-s",
+    type=float,
+    default=120.0,
+    show_default=True,
+    callback=_positive,
+    help="How long a gang's members may take to all be reserved before it is aborted.",
+)
+@click.option(
+    "--discovery-interval-s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    callback=_positive,
+    help="How often the agents' EndpointSlices are read.",
+)
+@click.option(
+    "--node-state-interval-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    callback=_positive,
+    help="How often each node's label gpushare.io/ready and condition GpushareReady are published.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def kube_serve(**options: Any) -> None:
+    """Run the extender, the lease controller and the node-state publisher (and the
+    webhook with --webhook-listen) until SIGTERM or SIGINT.
+
+    Exits 2 on a bad option or when neither --api-server nor an in-cluster service
+    account is there, 1 when a part fails at run time.
+    """
+    from agent.kube.binder import BindOptions
+    from agent.kube.service import ClusterOptions
+    from agent.runtime.logs import setup_logging
+
+    setup_logging(level=options["log_level"], fmt="text")
+    _check_pairs(options)
+    cluster = ClusterOptions(
+        agents_namespace=options["agents_namespace"],
+        agents_service=options["agents_service"],
+        agent_ca_file=options["agent_ca"],
+        agent_cert_file=options["agent_cert"],
+        agent_key_file=options["agent_key"],
+        agent_token_file=options["agent_token_file"],
+        agent_server_name=options["agent_server_name"],
+        insecure_agents=options["insecure_agents"],
+        extender_listen=options["extender_listen"],
+        webhook_listen=options["webhook_listen"],
+        webhook_cert_file=options["webhook_cert"],
+        webhook_key_file=options["webhook_key"],
+        discovery_interval_s=options["discovery_interval_s"],
+        reconcile_interval_s=options["reconcile_interval_s"],
+        node_state_interval_s=options["node_state_interval_s"],
+        lease_grace_s=options["lease_grace_s"],
+        bind=BindOptions(hold_s=options["hold_s"], gang_ttl_s=options["gang_ttl_s"]),
+    )
+    try:
+        asyncio.run(_serve(options, cluster))
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", exits.CONFIG)
+    except GpushareError as exc:
+        fail(str(exc), exits.FAILURE)
+    sys.exit(exits.OK)
+
+
+def _check_pairs(options: dict[str, Any]) -> None:
+    """Options that only make sense together, named at once."""
+    problems = []
+    if bool(options["agent_cert"]) != bool(options["agent_key"]):
+        problems.append("--agent-cert and --agent-key go together")
+    if options["webhook_listen"] and not (options["webhook_cert"] and options["webhook_key"]):
+        problems.append("--webhook-listen needs --webhook-cert and --webhook-key")
+    if not options["insecure_agents"] and not options["agent_ca"]:
+        problems.append("--agent-ca is needed (TLS towards the agents), or --insecure-agents")
+    if (options["api_token_file"] or options["api_ca"]) and not options["api_server"]:
+        problems.append("--api-token-file and --api-ca go with --api-server")
+    if problems:
+        fail("usage: " + "; ".join(problems), exits.CONFIG)
+
+
+def _api(options: dict[str, Any]) -> Any:
+    from agent.kube.rest import RestKubeApi
+
+    if not options["api_server"]:
+        return RestKubeApi.in_cluster()
+    token = Path(options["api_token_file"]).read_text() if options["api_token_file"] else ""
+    return RestKubeApi.from_url(options["api_server"], token=token, ca_file=options["api_ca"])
+
+
+async def _serve(options: dict[str, Any], cluster: Any) -> None:
+    from agent.kube.service import ClusterSide
+
+    api = _api(options)
+    side = ClusterSide(api, cluster)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        await side.start()
+        waiting = asyncio.ensure_future(side.wait())
+        stop = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if waiting.done():
+            waiting.result()  # a part failed: raise it
+        else:
+            log.info("stopping")
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+    finally:
+        await side.aclose()
+        await api.aclose()

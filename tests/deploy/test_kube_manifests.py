@@ -1,0 +1,609 @@
+"""The cluster side's manifests (deploy/) agree with the Kubernetes schemas, with each
+other, with the agents' manifests (daemonset/) and with the code they run: the options of
+``gpushare kube serve``, the webhook's and the extender's routes, the API calls the RBAC
+rules must allow, and the kind bring-up script."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.kube.agents import GRPC_PORT_NAME
+from agent.kube.annotations import FINALIZER, RESOURCE, SCHEDULER_NAME, parse_ask
+from agent.kube.webhook import build_webhook_app, check_new_pod, mutation
+from tests.helpers import REPO
+
+DEPLOY = REPO / "deploy"
+KIND = DEPLOY / "kind"
+BIN = Path(sys.executable).parent
+NAMESPACE = "gpushare-system"
+
+# Files under deploy/ that are not Kubernetes objects, so no schema applies to them.
+NOT_OBJECTS = {
+    KIND / "kind-config.yaml": "kind's own cluster configuration (kind.x-k8s.io), checked below",
+    KIND / "agent-daemonset-patch.yaml": "a JSON patch; the DaemonSet it makes is validated",
+}
+# Kinds whose schemas are not Kubernetes' own: kubernetes-validate warns and skips them.
+NOT_IN_KUBERNETES = {("cert-manager.io/v1", "Certificate"): "a cert-manager CRD"}
+MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if p not in NOT_OBJECTS)
+
+# `gpushare kube serve`'s options (agent/cli/kube.py).
+KUBE_SERVE_OPTIONS = {
+    "--api-server", "--api-token-file", "--api-ca", "--agents-namespace", "--agents-service",
+    "--agent-ca", "--agent-cert", "--agent-key", "--agent-token-file", "--insecure-agents",
+    "--extender-listen", "--webhook-listen", "--webhook-cert", "--webhook-key",
+    "--reconcile-interval-s", "--hold-s", "--gang-ttl-s", "--discovery-interval-s",
+    "--node-state-interval-s", "--log-level", "--agent-server-name", "--lease-grace-s",
+}  # fmt: skip
+
+# The kubernetes_asyncio calls of agent/kube/rest.py -> (API group, resource, verb).
+CALLS = {
+    "read_namespaced_pod": ("", "pods", "get"),
+    "list_pod_for_all_namespaces": ("", "pods", "list"),  # "watch" with watch=True
+    "patch_namespaced_pod": ("", "pods", "patch"),
+    "create_namespaced_pod_binding": ("", "pods/binding", "create"),
+    "patch_node": ("", "nodes", "patch"),
+    "patch_node_status": ("", "nodes/status", "patch"),
+    "create_namespaced_event": ("", "events", "create"),
+    "list_namespaced_endpoint_slice": ("discovery.k8s.io", "endpointslices", "list"),
+}
+# Resources the gpushare container reads in its own namespace only (a Role, not cluster-wide).
+NAMESPACED = {("discovery.k8s.io", "endpointslices")}
+# The roles the kube-scheduler container is bound to, built into Kubernetes.
+BUILT_IN_ROLES = {
+    ("ClusterRole", "system:kube-scheduler"),
+    ("ClusterRole", "system:volume-scheduler"),
+    ("Role", "extension-apiserver-authentication-reader"),
+}
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def find(path: Path, kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d
+        for d in documents(path)
+        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{path.name}: {len(found)} {kind} {name or ''}"
+    return found[0]
+
+
+def scheduler_pod() -> dict[str, Any]:
+    return find(DEPLOY / "scheduler.yaml", "Deployment", "gpushare-scheduler")["spec"]["template"]
+
+
+def container(name: str) -> dict[str, Any]:
+    return next(c for c in scheduler_pod()["spec"]["containers"] if c["name"] == name)
+
+
+def scheduler_config() -> dict[str, Any]:
+    data = find(DEPLOY / "scheduler.yaml", "ConfigMap", "gpushare-scheduler-config")["data"]
+    return yaml.safe_load(data["gpushare-scheduler.yaml"])
+
+
+def serve_args() -> dict[str, str]:
+    """``--name=value`` (or a flag) of the gpushare container: {name: value}."""
+    args = container("gpushare")["args"]
+    assert args[:2] == ["kube", "serve"]
+    parsed: dict[str, str] = {}
+    for arg in args[2:]:
+        assert arg.startswith("--"), f"{arg!r}: write options as --name=value"
+        name, _, value = arg.partition("=")
+        parsed[name] = value
+    return parsed
+
+
+def port_of(listen: str) -> int:
+    return int(listen.rpartition(":")[2])
+
+
+def kube_version() -> str:
+    """The Kubernetes version the shipped kube-scheduler image is for."""
+    tag = container("kube-scheduler")["image"].rpartition(":")[2]
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", tag), tag
+    return tag[1:]
+
+
+# -- schemas -----------------------------------------------------------------------------
+
+
+def validate(path: Path, *version: str) -> str:
+    command = [str(BIN / "kubernetes-validate"), "--strict", *version, str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_each_manifest_validates_against_the_kubernetes_schema(manifest: Path) -> None:
+    """Strict, against kubernetes-validate's default version and the one the shipped
+    kube-scheduler is for; only the kinds listed above may lack a schema."""
+    for version in ([], ["-k", kube_version()]):
+        output = validate(manifest, *version)
+        for line in output.splitlines():
+            missing = re.search(r"Couldn't find schema for kind (\S+) with api version (\S+)", line)
+            if missing:
+                assert (missing[2], missing[1]) in NOT_IN_KUBERNETES, line
+    for document in documents(manifest):
+        assert document["apiVersion"] and document["kind"] and document["metadata"]["name"]
+        if document["kind"] not in ("ClusterRole", "ClusterRoleBinding", "Namespace"):
+            if document["kind"].endswith("WebhookConfiguration"):
+                continue
+            assert document["metadata"].get("namespace"), f"{manifest.name}: {document['kind']}"
+
+
+def test_the_files_left_out_of_the_schemas_are_what_they_say() -> None:
+    cluster = yaml.safe_load((KIND / "kind-config.yaml").read_text())
+    assert (cluster["apiVersion"], cluster["kind"]) == ("kind.x-k8s.io/v1alpha4", "Cluster")
+    roles = [n["role"] for n in cluster["nodes"]]
+    assert roles.count("control-plane") == 1 and roles.count("worker") >= 1
+    patch = yaml.safe_load((KIND / "agent-daemonset-patch.yaml").read_text())
+    assert isinstance(patch, list) and all(
+        op["op"] in ("test", "replace", "remove") for op in patch
+    )
+
+
+# -- the second scheduler ------------------------------------------------------------------
+
+
+def test_the_scheduler_configuration_names_gpushare_and_its_extender() -> None:
+    config = scheduler_config()
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in config["profiles"]] == [SCHEDULER_NAME]
+    election = config["leaderElection"]
+    assert election["leaderElect"] is True
+    assert election["resourceName"] == "gpushare-scheduler" != "kube-scheduler"
+    assert election["resourceNamespace"] == NAMESPACE and election["resourceLock"] == "leases"
+    [extender] = config["extenders"]
+    assert extender["urlPrefix"] == "http://127.0.0.1:" + str(
+        port_of(serve_args()["--extender-listen"])
+    )
+    assert serve_args()["--extender-listen"].startswith("127.0.0.1:")
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+        "filter",
+        "prioritize",
+        "bind",
+    )
+    assert extender["enableHTTPS"] is False and extender["nodeCacheCapable"] is True
+    assert extender["ignorable"] is False and extender["weight"] > 0
+    assert extender["managedResources"] == [{"name": RESOURCE, "ignoredByScheduler": True}]
+    assert set(extender) <= {
+        "urlPrefix", "filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb", "weight",
+        "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
+        "ignorable",
+    }  # fmt: skip
+    # A gang member's bind waits for its gang and for the previous pod on its node.
+    timeout_s = int(re.fullmatch(r"(\d+)s", extender["httpTimeout"])[1])  # type: ignore[index]
+    args = serve_args()
+    assert timeout_s > float(args["--gang-ttl-s"]) + float(args["--hold-s"])
+
+
+def test_the_extender_and_webhook_serve_the_paths_the_manifests_name() -> None:
+    from agent.kube.extender import build_extender_app
+
+    def routes(app: Any) -> set[tuple[str, str]]:
+        return {(r.method, r.resource.canonical) for r in app.router.routes()}
+
+    extender = routes(build_extender_app(None))  # type: ignore[arg-type]
+    config = scheduler_config()["extenders"][0]
+    for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+        assert ("POST", "/" + config[verb]) in extender
+    webhook = routes(build_webhook_app())
+    for kind, path in (("Mutating", "/mutate"), ("Validating", "/validate")):
+        [hook] = find(DEPLOY / "webhook.yaml", f"{kind}WebhookConfiguration")["webhooks"]
+        assert hook["clientConfig"]["service"]["path"] == path
+        assert ("POST", path) in webhook
+    assert ("GET", "/healthz") in webhook and ("GET", "/healthz") in extender
+    probes = [container("gpushare")[p]["httpGet"] for p in ("livenessProbe", "readinessProbe")]
+    assert all(p["path"] == "/healthz" and p["scheme"] == "HTTPS" for p in probes)
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container("kube-scheduler")[probe]["httpGet"]["path"] == "/healthz"
+
+
+def test_kube_scheduler_reads_the_configuration_mounted_for_it() -> None:
+    scheduler = container("kube-scheduler")
+    [flag] = [a for a in scheduler["args"] if a.startswith("--config=")]
+    path = flag.removeprefix("--config=")
+    mounts = {m["mountPath"]: m for m in scheduler["volumeMounts"]}
+    assert path == "/etc/kubernetes/gpushare-scheduler.yaml" and path in mounts
+    volume = next(
+        v for v in scheduler_pod()["spec"]["volumes"] if v["name"] == mounts[path]["name"]
+    )
+    assert volume["configMap"]["name"] == "gpushare-scheduler-config"
+    assert mounts[path]["subPath"] == "gpushare-scheduler.yaml"
+    assert scheduler["image"].rpartition(":")[0].endswith("/kube-scheduler")
+
+
+# -- gpushare kube serve -----------------------------------------------------------------
+
+
+def test_kube_serve_is_given_only_its_own_options() -> None:
+    args = serve_args()
+    assert set(args) <= KUBE_SERVE_OPTIONS, set(args) - KUBE_SERVE_OPTIONS
+    assert "--insecure-agents" not in args  # the shipped manifests use TLS to the agents
+    for needed in ("--agent-ca", "--agent-cert", "--agent-key", "--agent-token-file"):
+        assert args.get(needed), needed
+    assert args["--webhook-listen"] and args["--webhook-cert"] and args["--webhook-key"]
+
+
+def test_kube_serve_accepts_the_arguments_of_the_manifest() -> None:
+    """Click parses every option before the eager --help exits: an unknown one fails."""
+    gpushare = BIN / "gpushare"
+    help_text = subprocess.run(
+        [str(gpushare), "kube", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if help_text.returncode != 0:
+        pytest.skip(f"gpushare kube serve is not available: {help_text.stderr.strip()}")
+    for option in serve_args():
+        assert option in help_text.stdout, option
+    done = subprocess.run(
+        [str(gpushare), *container("gpushare")["args"], "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_file_kube_serve_reads_is_mounted_from_a_secret_that_is_made() -> None:
+    pod = scheduler_pod()["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in container("gpushare")["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    made = {find(DEPLOY / "certificates.yaml", "Certificate", n)["spec"]["secretName"]
+            for n in ("gpushare-webhook-tls", "gpushare-scheduler-agent-tls")}  # fmt: skip
+    made.add(find(REPO / "daemonset" / "secret.yaml", "Secret")["metadata"]["name"])
+    up = (KIND / "up.sh").read_text()
+    for option, path in serve_args().items():
+        if not option.endswith(("-ca", "-cert", "-key", "-file")):
+            continue
+        [name] = [n for n, m in mounts.items() if path.startswith(m + "/")]
+        secret = volumes[name]["secret"]
+        assert secret["secretName"] in made, secret
+        assert secret["defaultMode"] == 0o440  # read by the pod's fsGroup, nobody else
+        assert f"secret {secret['secretName']} " in up, f"up.sh does not make {secret}"
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+
+
+def test_kube_serve_holds_binds_as_long_as_the_agents_wait_for_allocate() -> None:
+    for configmap in (REPO / "daemonset" / "configmap.yaml", KIND / "agent-config.yaml"):
+        config = yaml.safe_load(find(configmap, "ConfigMap")["data"]["config.yaml"])
+        assert float(serve_args()["--hold-s"]) == float(config["kubelet"]["hold_s"]), configmap
+
+
+# -- ports and services --------------------------------------------------------------------
+
+
+def test_the_ports_agree_between_service_container_webhooks_and_policies() -> None:
+    service = find(DEPLOY / "webhook.yaml", "Service", "gpushare-webhook")
+    [port] = service["spec"]["ports"]
+    ports = {p["name"]: p["containerPort"] for p in container("gpushare")["ports"]}
+    assert port["targetPort"] in ports
+    assert ports[port["targetPort"]] == port_of(serve_args()["--webhook-listen"])
+    labels = scheduler_pod()["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        [hook] = find(DEPLOY / "webhook.yaml", kind)["webhooks"]
+        target = hook["clientConfig"]["service"]
+        assert (target["name"], target["namespace"], target["port"]) == (
+            service["metadata"]["name"],
+            service["metadata"]["namespace"],
+            port["port"],
+        )
+    agents = find(REPO / "daemonset" / "service.yaml", "Service", serve_args()["--agents-service"])
+    assert agents["metadata"]["namespace"] == serve_args()["--agents-namespace"]
+    assert agents["spec"]["clusterIP"] == "None"
+    grpc = {p["name"]: p["port"] for p in agents["spec"]["ports"]}[GRPC_PORT_NAME]
+    policies = {d["metadata"]["name"]: d["spec"] for d in documents(DEPLOY / "networkpolicy.yaml")}
+    ingress = policies["gpushare-scheduler"]["ingress"]
+    assert [p["port"] for rule in ingress for p in rule["ports"]] == [ports[port["targetPort"]]]
+    to_agents = policies["gpushare-scheduler"]["egress"][0]
+    assert to_agents["to"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "gpushare-agent"
+    }
+    assert [p["port"] for p in to_agents["ports"]] == [grpc]
+    from_scheduler = policies["gpushare-agent-from-scheduler"]["ingress"][0]
+    assert from_scheduler["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert [p["port"] for p in from_scheduler["ports"]] == [grpc]
+
+
+# -- the webhook configurations ------------------------------------------------------------
+
+
+def test_the_webhooks_fail_closed_on_share_pods_only_and_skip_the_system() -> None:
+    certificate = find(DEPLOY / "certificates.yaml", "Certificate", "gpushare-webhook-tls")
+    service = find(DEPLOY / "webhook.yaml", "Service", "gpushare-webhook")["metadata"]
+    assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
+    for kind, operations in (
+        ("MutatingWebhookConfiguration", ["CREATE"]),
+        ("ValidatingWebhookConfiguration", ["CREATE", "UPDATE"]),
+    ):
+        configuration = find(DEPLOY / "webhook.yaml", kind)
+        injected = configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        assert injected == f"{NAMESPACE}/{certificate['metadata']['name']}"
+        [hook] = configuration["webhooks"]
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["sideEffects"] == "None" and hook["failurePolicy"] == "Fail"
+        assert "caBundle" not in hook["clientConfig"]  # injected; an apply must not wipe it
+        [rule] = hook["rules"]
+        assert rule["operations"] == operations and rule["resources"] == ["pods"]
+        assert rule["apiGroups"] == [""] and rule["apiVersions"] == ["v1"]
+        [excluded] = hook["namespaceSelector"]["matchExpressions"]
+        assert excluded["key"] == "kubernetes.io/metadata.name"
+        assert excluded["operator"] == "NotIn"
+        assert set(excluded["values"]) == {NAMESPACE, "kube-system"}
+        [condition] = hook["matchConditions"]
+        for needle in ("'gpushare.io/'", f"'{RESOURCE}'", "initContainers", "limits", "requests"):
+            assert needle in condition["expression"], needle
+
+
+def test_the_example_pod_passes_the_webhook_and_gets_the_scheduler_and_finalizer() -> None:
+    [pod] = [d for d in documents(KIND / "example-pod.yaml") if d["kind"] == "Pod"]
+    check_new_pod(pod)
+    ask = parse_ask(pod)
+    assert (ask.memory_bytes, ask.thread_pct, ask.shares) == (2 * 2**30, 25.0, 1)
+    patch = {op["path"]: op["value"] for op in mutation(pod)}
+    assert patch == {"/spec/schedulerName": SCHEDULER_NAME, "/metadata/finalizers": [FINALIZER]}
+    [demo] = pod["spec"]["containers"]
+    assert demo["resources"]["limits"] == {RESOURCE: 1}
+    assert "CUDA_MPS|NVIDIA_VISIBLE|GPUSHARE" in demo["command"][-1]
+    assert pod["metadata"]["namespace"] not in (NAMESPACE, "kube-system")
+
+
+# -- RBAC ------------------------------------------------------------------------------------
+
+
+def rest_calls() -> dict[str, set[tuple[str, str, str]]]:
+    """Port method -> the (group, resource, verb) its RestKubeApi implementation calls."""
+    tree = ast.parse((REPO / "agent" / "kube" / "rest.py").read_text())
+    [rest] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RestKubeApi"]
+    found: dict[str, set[tuple[str, str, str]]] = {}
+    for method in rest.body:
+        if not isinstance(method, ast.AsyncFunctionDef | ast.FunctionDef):
+            continue
+        nodes = list(ast.walk(method))
+        called = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
+        calls = {c for c in called if c in CALLS}
+        unknown = {
+            c for c in called if re.fullmatch(r"(read|list|patch|create|delete|replace)_.*", c)
+        }
+        assert unknown <= set(CALLS), f"add {unknown - set(CALLS)} to CALLS"
+        watch = any(
+            k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for n in nodes
+            if isinstance(n, ast.Call)
+            for k in n.keywords
+        )
+        verbs = set()
+        for call in calls:
+            group, resource, verb = CALLS[call]
+            verbs.add((group, resource, "watch" if watch and verb == "list" else verb))
+        if verbs:
+            found[method.name] = verbs
+    return found
+
+
+def port_methods_in_use() -> set[str]:
+    """The KubeApi methods some part of the agent calls (outside the port and its adapter)."""
+    tree = ast.parse((REPO / "agent" / "kube" / "port.py").read_text())
+    [port] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KubeApi"]
+    methods = {n.name for n in port.body if isinstance(n, ast.AsyncFunctionDef | ast.FunctionDef)}
+    used: set[str] = set()
+    for path in (REPO / "agent").rglob("*.py"):
+        if path.name in ("port.py", "rest.py") and path.parent.name == "kube":
+            continue
+        text = path.read_text()
+        used |= {m for m in methods if re.search(rf"\.{m}\(", text)}
+    return used - {"aclose"}
+
+
+def granted(documents_: list[dict[str, Any]], kind: str, name: str) -> set[tuple[str, str, str]]:
+    [role] = [d for d in documents_ if d["kind"] == kind and d["metadata"]["name"] == name]
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_gpushare_rules_grant_exactly_the_calls_the_code_makes() -> None:
+    calls = rest_calls()
+    used = port_methods_in_use()
+    assert used <= set(calls), f"port methods without a known API call: {used - set(calls)}"
+    needed = set().union(*(calls[m] for m in used))
+    rbac = documents(DEPLOY / "rbac.yaml")
+    cluster = granted(rbac, "ClusterRole", "gpushare-scheduler")
+    local = granted(rbac, "Role", "gpushare-scheduler")
+    assert cluster | local == needed, (
+        f"granted, not used: {(cluster | local) - needed}; used, not granted: "
+        f"{needed - (cluster | local)}"
+    )
+    assert {(g, r) for g, r, _ in local} <= NAMESPACED
+    assert not {(g, r) for g, r, _ in cluster} & NAMESPACED
+    assert all("*" not in item for grant in cluster | local for item in grant)
+
+
+def test_every_binding_names_the_scheduler_account_and_a_known_role() -> None:
+    rbac = documents(DEPLOY / "rbac.yaml")
+    [account] = [d for d in rbac if d["kind"] == "ServiceAccount"]
+    assert scheduler_pod()["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    ours = {
+        (d["kind"], d["metadata"]["name"]) for d in rbac if d["kind"] in ("Role", "ClusterRole")
+    }
+    for binding in (d for d in rbac if d["kind"].endswith("Binding")):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+        ]
+        role = (binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        assert role in ours | BUILT_IN_ROLES, role
+        if role[1] == "extension-apiserver-authentication-reader":
+            assert binding["metadata"]["namespace"] == "kube-system"
+    election = granted(rbac, "Role", "gpushare-scheduler-leader-election")
+    assert {r for _, r, _ in election} == {"leases"}
+    [named] = [
+        rule
+        for d in rbac
+        if d["metadata"]["name"] == "gpushare-scheduler-leader-election" and d["kind"] == "Role"
+        for rule in d["rules"]
+        if rule.get("resourceNames")
+    ]
+    assert named["resourceNames"] == [scheduler_config()["leaderElection"]["resourceName"]]
+
+
+# -- the agents (daemonset/) as the cluster side needs them --------------------------------
+
+
+def test_the_shipped_agents_serve_the_device_plugin_with_the_kubelet_dirs_mounted() -> None:
+    config = yaml.safe_load(
+        find(REPO / "daemonset" / "configmap.yaml", "ConfigMap")["data"]["config.yaml"]
+    )
+    kubelet = config["kubelet"]
+    assert kubelet["enabled"] is True
+    daemonset = find(REPO / "daemonset" / "daemonset.yaml", "DaemonSet")
+    assert_mounts_the_kubelet_dirs(daemonset, kubelet)
+
+
+def assert_mounts_the_kubelet_dirs(daemonset: dict[str, Any], kubelet: dict[str, Any]) -> None:
+    pod = daemonset["spec"]["template"]["spec"]
+    hosts = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    for path in (kubelet["plugin_dir"], str(Path(kubelet["pod_resources_socket"]).parent)):
+        assert path in mounts, path
+        assert hosts[mounts[path]] == path
+
+
+# -- kind ------------------------------------------------------------------------------------
+
+
+def json_patch(document: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 test, replace and remove (what the kind patch uses)."""
+    result = copy.deepcopy(document)
+    for operation in operations:
+        *parents, last = [
+            p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]
+        ]
+        node: Any = result
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key: Any = int(last) if isinstance(node, list) else last
+        if operation["op"] == "test":
+            assert node[key] == operation["value"], operation
+        elif operation["op"] == "replace":
+            assert key in node if isinstance(node, dict) else key < len(node), operation
+            node[key] = operation["value"]
+        elif operation["op"] == "remove":
+            del node[key]
+        else:
+            raise AssertionError(operation)
+    return result
+
+
+def kind_daemonset() -> dict[str, Any]:
+    patch = yaml.safe_load((KIND / "agent-daemonset-patch.yaml").read_text())
+    return json_patch(find(REPO / "daemonset" / "daemonset.yaml", "DaemonSet"), patch)
+
+
+def test_the_kind_daemonset_validates_and_mounts_the_simulated_agents_dirs(tmp_path: Path) -> None:
+    daemonset = kind_daemonset()
+    manifest = tmp_path / "daemonset.yaml"
+    manifest.write_text(yaml.safe_dump(daemonset))
+    validate(manifest)
+    validate(manifest, "-k", kube_version())
+    pod = daemonset["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in pod
+    config = yaml.safe_load(find(KIND / "agent-config.yaml", "ConfigMap")["data"]["config.yaml"])
+    hosts = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    for name, key in (("run", "runtime_dir"), ("state", "state_dir")):
+        assert hosts[name] == mounts[name] == config["paths"][key]
+    assert_mounts_the_kubelet_dirs(daemonset, config["kubelet"])
+    if shutil.which("kubectl"):  # the patch as up.sh applies it, where kubectl is installed
+        done = subprocess.run(
+            ["kubectl", "patch", "--local", "-f", str(REPO / "daemonset" / "daemonset.yaml"),
+             "--type=json", "--patch-file", str(KIND / "agent-daemonset-patch.yaml"), "-o", "json"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["spec"] == daemonset["spec"]
+
+
+def test_the_kind_agent_config_is_accepted_and_keeps_the_shipped_security(tmp_path: Path) -> None:
+    text = find(KIND / "agent-config.yaml", "ConfigMap")["data"]["config.yaml"]
+    config = yaml.safe_load(text)
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    command = [sys.executable, "-m", "agent", "--config", str(path), "config", "show"]
+    done = subprocess.run(
+        [*command, "--resolved", "--json"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    shipped = yaml.safe_load(
+        find(REPO / "daemonset" / "configmap.yaml", "ConfigMap")["data"]["config.yaml"]
+    )
+    assert config["api"] == shipped["api"]  # mutual TLS and the token, as shipped
+    assert not config["api"].get("insecure_loopback")
+    assert config["sim"]["enabled"] is True and config["kubelet"]["enabled"] is True
+    assert config["mps"]["client_group"] == shipped["mps"]["client_group"]
+
+
+def script_lines(path: Path) -> Iterator[str]:
+    yield from path.read_text().splitlines()
+
+
+@pytest.mark.parametrize("script", ["up.sh", "down.sh"])
+def test_the_kind_scripts_are_sound_bash(script: str) -> None:
+    path = KIND / script
+    lines = list(script_lines(path))
+    assert lines[0] == "#!/usr/bin/env bash" and "set -euo pipefail" in lines
+    assert path.stat().st_mode & 0o111, f"{script} is not executable"
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    if shutil.which("shellcheck"):
+        done = subprocess.run(
+            ["shellcheck", str(path)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stdout
+
+
+def test_up_sh_deploys_every_part_and_leaves_out_only_what_it_replaces() -> None:
+    up = (KIND / "up.sh").read_text()
+    for tool in ("docker", "kind", "kubectl", "openssl"):
+        assert tool in re.search(r"for tool in ([^;]+);", up)[1]  # type: ignore[index]
+    # the build command of daemonset/Dockerfile, and the image loaded into the nodes
+    assert 'docker build -f "$REPO/daemonset/Dockerfile" -t "$AGENT_IMAGE" "$REPO"' in up
+    assert 'kind load docker-image "$AGENT_IMAGE"' in up
+    applied = set(re.findall(r'-f "\$(?:REPO|HERE)/([\w/.-]+\.yaml)"', up))
+    replaced = {
+        "daemonset/configmap.yaml": "deploy/kind/agent-config.yaml",
+        "daemonset/secret.yaml": "secrets made by up.sh",
+        "daemonset/certificate.yaml": "secrets made by up.sh",
+        "daemonset/mps-host.yaml": "a simulated node's agent runs its own daemons",
+        "deploy/certificates.yaml": "secrets made by up.sh",
+    }
+    for path in [*REPO.glob("daemonset/*.yaml"), *DEPLOY.glob("*.yaml")]:
+        name = str(path.relative_to(REPO))
+        assert name in replaced or name in applied or name.removeprefix("deploy/") in applied, name
+    assert '--patch-file "$HERE/agent-daemonset-patch.yaml"' in up
+    assert "caBundle" in up and "example-pod.yaml" in up and "logs" in up
+    assert "--insecure-agents" not in up and "insecure_loopback" not in up

@@ -1,0 +1,510 @@
+"""A whole cluster on loopback, every part real except the ones no machine here runs:
+
+* the API server is the stand-in :class:`FakeApiServer` (its formats and status codes);
+* each node is a real ``gpushare serve --sim`` process on its own loopback address
+  (127.0.0.N, one gRPC port for all, as a headless Service's endpoints have), with its
+  kubelet device plugin registered with a :class:`FakeKubelet` (the real kubelet gRPC APIs);
+* :class:`NodeKubelets` does the kubelet's part for pods bound to each node: Allocate (and
+  PreStartContainer) through the agent's device plugin, then the pod's phase;
+* the cluster side is the real :class:`ClusterSide` (extender, binder, lease controller,
+  node-state publisher, webhook over HTTPS) in this process, or ``gpushare kube serve`` as
+  a process of its own (:meth:`LoopbackCluster.spawn_cluster_side`) when a test kills it;
+* :class:`SchedulerStandIn` plays the unmodified kube-scheduler that calls the extender.
+
+A pod goes in as ``kubectl apply`` sends it: through the webhook's ``/validate`` and
+``/mutate`` (as the API server's admission chain calls them), then POSTed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+
+from agent.api.proto import agent_pb2 as pb
+from agent.client import AgentClient
+from agent.kube.binder import BindOptions
+from agent.kube.rest import RestKubeApi
+from agent.kube.service import ClusterOptions, ClusterSide
+from tests.certs import Pki, make_pki, make_token
+from tests.helpers import agent_command, subprocess_env
+from tests.kube.apiserver import FakeApiServer, Obj, pod_manifest
+from tests.kube.scheduler import SchedulerStandIn
+from tests.kubelet.fake_kubelet import FakeKubelet, Outcome
+
+API_TOKEN = "api-" + "7f3a9c2e5b8d4f1a6c0e9b7d2a5f8c3e"
+SHARE = "gpushare.io/share"
+AGENTS_NAMESPACE = "gpushare-system"
+AGENTS_SERVICE = "gpushare-agent"
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+async def eventually(predicate: Callable[[], Any], timeout_s: float = 20.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+@dataclass
+class Node:
+    """One simulated GPU node: its agent process and its kubelet."""
+
+    name: str
+    address: str
+    port: int
+    root: Path
+    kubelet: FakeKubelet
+    token_file: Path
+    process: subprocess.Popen[bytes] | None = None
+    extra: tuple[str, ...] = ()
+
+    @property
+    def target(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def command(self) -> list[str]:
+        settings = {
+            "paths.runtime_dir": self.root,
+            "paths.state_dir": self.root / "state",
+            "api.token_file": self.token_file,
+            "api.insecure_loopback": "true",
+            "kubelet.enabled": "true",
+            "kubelet.plugin_dir": self.kubelet.plugin_dir,
+            "kubelet.pod_resources_socket": self.kubelet.pod_resources_socket,
+            "kubelet.slots": 256,
+            "estimator.model_dir": "none",
+            # the simulated MPS daemons are Python processes: on a loaded 2-core machine
+            # they may take seconds to answer, which is not what these tests are about
+            "mps.command_timeout_s": 20,
+            "mps.start_timeout_s": 60,
+            "mps.hung_after_probes": 5,
+        }
+        sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+        return agent_command(
+            "--socket",
+            str(self.root / "agent.sock"),
+            "serve",
+            "--sim",
+            "--http-listen",
+            "",
+            "--tcp-listen",
+            self.target,
+            *sets,
+            *self.extra,
+        )
+
+    def start(self) -> None:
+        with open(self.root / "agent.log", "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=log
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to anyone."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        self.process = None
+
+    def log_text(self) -> str:
+        path = self.root / "agent.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+class NodeKubelets:
+    """The kubelet's part for pods bound to the nodes: allocate each container that asks
+    for ``gpushare.io/share`` through the agent's device plugin, keep what it got, then
+    report the pod Running (or Failed when Allocate was refused, as an admission error).
+    A pod being deleted or gone frees its units."""
+
+    def __init__(self, api: RestKubeApi, server: FakeApiServer, nodes: dict[str, Node]) -> None:
+        self.api = api
+        self.server = server
+        self.nodes = nodes
+        self.got: dict[tuple[str, str, str], Outcome] = {}  # (namespace, pod, container)
+        self.node_of: dict[str, str] = {}  # pod uid -> node it was allocated on
+        self.running: set[str] = set()  # pod uids reported Running
+        self._seen: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def env(self, namespace: str, pod: str, container: str = "main") -> dict[str, str]:
+        outcome = self.got[(namespace, pod, container)]
+        assert outcome.response is not None, outcome.error
+        return dict(outcome.response.envs)
+
+    async def run(self) -> None:
+        bound = "spec.nodeName!="
+        while True:
+            listing = await self.api.list_pods(field_selector=bound)
+            for pod in listing.items:
+                self._see(pod, deleted=False)
+            with contextlib.suppress(Exception):
+                async for change in self.api.watch_pods(
+                    listing.resource_version, field_selector=bound
+                ):
+                    self._see(change.obj, deleted=change.kind == "DELETED")
+
+    def _see(self, pod: Obj, *, deleted: bool) -> None:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        node = self.nodes.get(spec.get("nodeName", ""))
+        if node is None:
+            return
+        if deleted or meta.get("deletionTimestamp"):
+            node.kubelet.release(meta["namespace"], meta["name"])
+            return
+        if meta["uid"] in self._seen:
+            return
+        self._seen.add(meta["uid"])
+        task = asyncio.create_task(self._start_pod(node, pod))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_pod(self, node: Node, pod: Obj) -> None:
+        meta = pod["metadata"]
+        self.node_of[meta["uid"]] = node.name
+        phase = "Running"
+        for container in pod["spec"]["containers"]:
+            count = int(((container.get("resources") or {}).get("limits") or {}).get(SHARE, 0))
+            if not count:
+                continue
+            outcome = await node.kubelet.allocate(
+                meta["namespace"], meta["name"], container["name"], count
+            )
+            self.got[(meta["namespace"], meta["name"], container["name"])] = outcome
+            if outcome.failed_at == "Allocate":
+                phase = "Failed"  # UnexpectedAdmissionError
+            elif outcome.failed_at:
+                phase = "Pending"  # the container is refused: it never starts
+        if phase != "Pending":
+            with contextlib.suppress(Exception):  # gone meanwhile
+                self.server.set_pod_phase(meta["namespace"], meta["name"], phase)
+                if phase == "Running":
+                    self.running.add(meta["uid"])
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@dataclass
+class LoopbackCluster:
+    api_server: FakeApiServer
+    root: Path
+    pki: Pki
+    nodes: dict[str, Node] = field(default_factory=dict)
+    side: ClusterSide | None = None
+    side_process: subprocess.Popen[bytes] | None = None
+    extender_url: str = ""
+    webhook_url: str = ""
+    kube: RestKubeApi | None = None
+    kubelets: NodeKubelets | None = None
+    agent_token: str = ""
+
+    # -- parts -----------------------------------------------------------------------------
+
+    def options(self, **overrides: Any) -> ClusterOptions:
+        values: dict[str, Any] = {
+            "agents_namespace": AGENTS_NAMESPACE,
+            "agents_service": AGENTS_SERVICE,
+            "agent_token_file": str(self.root / "agent-token"),
+            "insecure_agents": True,
+            "extender_listen": "127.0.0.1:0",
+            "webhook_listen": "127.0.0.1:0",
+            "webhook_cert_file": str(self.pki.server_cert),
+            "webhook_key_file": str(self.pki.server_key),
+            "discovery_interval_s": 0.5,
+            "reconcile_interval_s": 1.0,
+            "node_state_interval_s": 1.0,
+            "lease_grace_s": 2.0,
+            "bind": BindOptions(hold_s=10.0, gang_ttl_s=5.0),
+        }
+        values.update(overrides)
+        return ClusterOptions(**values)
+
+    async def start_cluster_side(self, **overrides: Any) -> ClusterSide:
+        api = RestKubeApi.from_url(self.api_server.url, token=API_TOKEN)
+        side = ClusterSide(api, self.options(**overrides))
+        await side.start()
+        self.side = side
+        self.extender_url = f"http://127.0.0.1:{side.extender_port}"
+        self.webhook_url = f"https://127.0.0.1:{side.webhook_port}"
+        return side
+
+    async def stop_cluster_side(self) -> None:
+        if self.side is not None:
+            await self.side.aclose()
+            await self.side.api.aclose()
+            self.side = None
+
+    def spawn_cluster_side(self, *, grace_s: float = 0.0) -> None:
+        """``gpushare kube serve`` as a process of its own (a test may SIGKILL it)."""
+        (self.root / "api-token").write_text(API_TOKEN)
+        port = free_port("127.0.0.1")
+        command = agent_command(
+            "kube",
+            "serve",
+            "--api-server",
+            self.api_server.url,
+            "--api-token-file",
+            str(self.root / "api-token"),
+            "--insecure-agents",
+            "--agent-token-file",
+            str(self.root / "agent-token"),
+            "--extender-listen",
+            f"127.0.0.1:{port}",
+            "--discovery-interval-s",
+            "0.5",
+            "--reconcile-interval-s",
+            "1",
+            "--hold-s",
+            "10",
+            "--gang-ttl-s",
+            "5",
+            "--lease-grace-s",
+            "2",
+        )
+        with open(self.root / "cluster-side.log", "ab") as log:
+            self.side_process = subprocess.Popen(
+                command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=log
+            )
+        self.extender_url = f"http://127.0.0.1:{port}"
+
+    def add_node(self, index: int, port: int) -> Node:
+        name = f"gpu-node-{index}"
+        root = self.root / name
+        root.mkdir()
+        token_file = root / "token"
+        make_token(token_file, f"scheduler {self.agent_token}")
+        node = Node(
+            name, f"127.0.0.{index + 2}", port, root, FakeKubelet(root / "kubelet"), token_file
+        )
+        self.nodes[name] = node
+        self.api_server.create_node(name)
+        return node
+
+    def publish_endpoints(self, *, ready: bool = True) -> None:
+        port = next(iter(self.nodes.values())).port
+        endpoints = [(n.name, n.address) for n in self.nodes.values() if n.process is not None]
+        self.api_server.set_endpoints(
+            AGENTS_NAMESPACE, AGENTS_SERVICE, endpoints, port=port, ready=ready
+        )
+
+    async def wait_agents(self, timeout_s: float = 60.0) -> None:
+        """Until every running agent answers and its device plugin is registered."""
+        async with asyncio.timeout(timeout_s):
+            for node in self.nodes.values():
+                if node.process is None:
+                    continue
+                await wait_agent(node, self.agent_token)
+                while not node.kubelet.healthy():
+                    await asyncio.sleep(0.05)
+
+    # -- what a user does ------------------------------------------------------------------
+
+    async def apply(self, pod: Obj) -> Obj:
+        """``kubectl apply``: the webhook's validation and mutation, then the create. A
+        refusal raises :class:`Refused` with the webhook's message."""
+        review = await self._review("/validate", pod)
+        if not review["allowed"]:
+            raise Refused(review["status"]["message"])
+        review = await self._review("/mutate", pod)
+        if not review["allowed"]:
+            raise Refused(review["status"]["message"])
+        if patch := review.get("patch"):
+            from tests.kube.apiserver import json_patch
+
+            pod = json_patch(pod, json.loads(base64.b64decode(patch)))
+        namespace = pod["metadata"].get("namespace", "default")
+        return await self._post(f"/api/v1/namespaces/{namespace}/pods", pod)
+
+    async def api_server_create(self, pod: Obj) -> Obj:
+        """Create the pod as the webhook's mutation leaves it (for a cluster side run
+        without its webhook)."""
+        pod["spec"]["schedulerName"] = "gpushare"
+        pod["metadata"]["finalizers"] = ["gpushare.io/lease"]
+        namespace = pod["metadata"].get("namespace", "default")
+        return await self._post(f"/api/v1/namespaces/{namespace}/pods", pod)
+
+    async def _review(self, path: str, pod: Obj) -> dict[str, Any]:
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": os.urandom(8).hex(),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": pod["metadata"].get("namespace", "default"),
+                "operation": "CREATE",
+                "object": pod,
+                "userInfo": {"username": "tester"},
+            },
+        }
+        tls = ssl.create_default_context(cafile=str(self.pki.ca))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{self.webhook_url}{path}", json=review, ssl=tls) as response,
+        ):
+            response.raise_for_status()
+            body: dict[str, Any] = await response.json()
+        return dict(body["response"])
+
+    async def _post(self, path: str, body: Obj) -> Obj:
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        async with (
+            aiohttp.ClientSession(headers=headers) as session,
+            session.post(f"{self.api_server.url}{path}", json=body) as response,
+        ):
+            answer: Obj = await response.json()
+            if response.status >= 400:
+                raise Refused(answer.get("message", str(response.status)))
+            return answer
+
+    async def leases(self, node: str) -> list[pb.Lease]:
+        answer = await agent_call(self.nodes[node], self.agent_token, "get_node")
+        return list(answer.leases)
+
+    async def all_leases(self) -> dict[str, list[pb.Lease]]:
+        return {
+            name: await self.leases(name)
+            for name, node in self.nodes.items()
+            if node.process is not None
+        }
+
+
+class Refused(Exception):
+    """What ``kubectl apply`` would print: the webhook's or the API server's refusal."""
+
+
+def gpu_pod(
+    name: str,
+    namespace: str = "team-a",
+    *,
+    memory: str = "4Gi",
+    threads: str = "25",
+    gang: str = "",
+    gang_size: int = 0,
+    priority: str = "",
+) -> Obj:
+    annotations = {"gpushare.io/memory": memory, "gpushare.io/threads": threads}
+    if gang:
+        annotations |= {"gpushare.io/gang": gang, "gpushare.io/gang-size": str(gang_size)}
+    if priority:
+        annotations["gpushare.io/priority"] = priority
+    return pod_manifest(name, namespace, annotations=annotations, limits={SHARE: 1})
+
+
+async def agent_call(node: Node, token: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    async with AgentClient(node.target, token=token, attempts=1) as client:
+        return await getattr(client, method)(*args, **kwargs)
+
+
+async def wait_agent(node: Node, token: str) -> None:
+    while True:
+        if node.process is not None and node.process.poll() is not None:
+            raise AssertionError(f"agent on {node.name} exited:\n{node.log_text()[-3000:]}")
+        try:
+            await agent_call(node, token, "get_node")
+            return
+        except (grpc.aio.AioRpcError, OSError):
+            await asyncio.sleep(0.1)
+
+
+async def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    async with asyncio.timeout(timeout_s), aiohttp.ClientSession() as session:
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"gpushare kube serve exited with {process.returncode}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{url}/healthz") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def loopback_cluster(
+    root: Path, nodes: int = 2, *, cluster_side: str = "inline", scheduler: bool = True
+) -> AsyncIterator[tuple[LoopbackCluster, SchedulerStandIn | None]]:
+    """``nodes`` agents, their kubelets, the cluster side (``inline`` in this process,
+    ``process``: ``gpushare kube serve``, without the webhook) and the scheduler stand-in
+    running (``scheduler=False``: schedule by hand)."""
+    async with FakeApiServer(token=API_TOKEN) as api_server:
+        cluster = LoopbackCluster(api_server, root, make_pki(root / "pki"))
+        cluster.agent_token = os.urandom(16).hex()
+        make_token(root / "agent-token", cluster.agent_token)
+        port = free_port("127.0.0.2")
+        for index in range(nodes):
+            cluster.add_node(index, port)
+        tasks: list[asyncio.Task[None]] = []
+        stand_in: SchedulerStandIn | None = None
+        cluster.kube = RestKubeApi.from_url(api_server.url, token=API_TOKEN)
+        try:
+            for node in cluster.nodes.values():
+                await node.kubelet.start()
+                node.start()
+            await cluster.wait_agents()
+            cluster.publish_endpoints()
+            if cluster_side == "inline":
+                side = await cluster.start_cluster_side()
+                side.cache.set_targets({n.name: n.target for n in cluster.nodes.values()})
+                await side.cache.wait_ready(20.0)
+            elif cluster_side == "process":
+                cluster.spawn_cluster_side()
+                assert cluster.side_process is not None
+                await wait_healthy(cluster.extender_url, cluster.side_process)
+            cluster.kubelets = NodeKubelets(cluster.kube, api_server, cluster.nodes)
+            tasks.append(asyncio.create_task(cluster.kubelets.run(), name="kubelets"))
+            if scheduler and cluster_side in ("inline", "process"):
+                stand_in = SchedulerStandIn(
+                    api_server.url, cluster.extender_url, list(cluster.nodes), token=API_TOKEN
+                )
+                await stand_in.__aenter__()
+                tasks.append(asyncio.create_task(stand_in.run(), name="scheduler"))
+            yield cluster, stand_in
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if stand_in is not None:
+                await stand_in.__aexit__(None, None, None)
+            if cluster.kubelets is not None:
+                await cluster.kubelets.aclose()
+            await cluster.stop_cluster_side()
+            if cluster.side_process is not None and cluster.side_process.poll() is None:
+                cluster.side_process.kill()
+                cluster.side_process.wait(timeout=30)
+            for node in cluster.nodes.values():
+                node.stop()
+                await node.kubelet.stop()
+            await cluster.kube.aclose()
+        for node in cluster.nodes.values():
+            assert "Traceback" not in node.log_text(), node.log_text()[-4000:]

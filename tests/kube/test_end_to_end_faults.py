@@ -1,0 +1,136 @@
+"""The Kubernetes flow when a part dies at the worst moment (tests/kube/cluster.py): an
+agent killed during a bind, the cluster side killed mid-bind, the controller's pod watch
+expired (410). The API server's write of the bind is held open to choose the moment."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
+from tests.helpers import short_dir
+from tests.kube.cluster import LoopbackCluster, eventually, gpu_pod, loopback_cluster, wait_agent
+from tests.kube.test_end_to_end import LEASE, live_leases, running
+
+pytestmark = pytest.mark.timeout(240)
+
+BIND_PATCH = r"^/api/v1/namespaces/team-a/pods/{name}$"  # the binder's annotation write
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with short_dir() as path:
+        yield path
+
+
+async def lease_of_pod(cluster: LoopbackCluster, pod: str) -> tuple[str, str]:
+    """(node, lease id) of the pod's live lease (exactly one)."""
+    found = [(n, lease) for n, p, lease in await live_leases(cluster) if p == f"team-a/{pod}"]
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def test_an_agent_killed_and_restarted_during_a_bind_keeps_the_lease_it_granted(
+    root: Path,
+) -> None:
+    async with loopback_cluster(root, nodes=2) as (c, _):
+        held = c.api_server.hold_next("PATCH", BIND_PATCH.format(name="train-0"))
+        await c.apply(gpu_pod("train-0", memory="5Gi"))
+        await eventually(held.arrived.is_set)  # admitted; the pod not annotated nor bound
+        node_name, lease_id = await lease_of_pod(c, "train-0")
+        node = c.nodes[node_name]
+        node.kill()
+        node.start()
+        await wait_agent(node, c.agent_token)
+        held.release.set()
+
+        await eventually(lambda: running(c, "team-a", "train-0"), 60)
+        pod = c.api_server.pod("team-a", "train-0")
+        assert pod is not None and pod["spec"]["nodeName"] == node_name
+        assert pod["metadata"]["annotations"][LEASE] == lease_id
+        assert c.kubelets is not None
+        env = c.kubelets.env("team-a", "train-0")
+        assert env["GPUSHARE_LEASE_ID"] == lease_id  # the lease was on disk before the answer
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5120M"
+        assert await lease_of_pod(c, "train-0") == (node_name, lease_id)
+
+
+async def test_the_cluster_side_killed_mid_bind_leaks_nothing_after_the_reconcile(
+    root: Path,
+) -> None:
+    async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
+        assert scheduler is not None and c.side_process is not None
+        held = c.api_server.hold_next("PATCH", BIND_PATCH.format(name="orphan"))
+        mine = {"scheduler_name": SCHEDULER_NAME, "finalizers": [FINALIZER]}
+        annotations = {"gpushare.io/memory": "3Gi", "gpushare.io/threads": "20"}
+        limits = {"gpushare.io/share": 1}
+        c.api_server.create_pod("orphan", "team-a", annotations=annotations, limits=limits, **mine)
+        await eventually(held.arrived.is_set)
+        node, leaked = await lease_of_pod(c, "orphan")
+
+        c.side_process.kill()  # SIGKILL mid-bind: the grant is made, the pod not bound
+        c.side_process.wait(timeout=30)
+        held.release.set()
+        c.api_server.delete_pod("team-a", "orphan")  # kubectl delete while nobody watches
+        assert [x for x in await live_leases(c) if x[2] == leaked]  # the lease is still held
+
+        side = await c.start_cluster_side()  # the replacement, as the Deployment starts one
+        scheduler.extender_url = c.extender_url
+        side.cache.set_targets({n.name: n.target for n in c.nodes.values()})
+        await eventually(lambda: c.api_server.pod("team-a", "orphan") is None, 60)
+        for _ in range(300):
+            if not await live_leases(c):
+                break
+            await asyncio.sleep(0.1)
+        assert await live_leases(c) == [], (node, leaked)
+
+        c.api_server.create_pod("later", "team-a", annotations=annotations, limits=limits, **mine)
+        await eventually(lambda: running(c, "team-a", "later"), 60)
+        assert [p for _, p, _ in await live_leases(c)] == ["team-a/later"]
+
+
+async def test_a_pod_whose_bind_died_gets_the_same_lease_from_the_next_cluster_side(
+    root: Path,
+) -> None:
+    async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
+        assert scheduler is not None and c.side_process is not None
+        held = c.api_server.hold_next("PATCH", BIND_PATCH.format(name="retried"))
+        await c.api_server_create(gpu_pod("retried"))
+        await eventually(held.arrived.is_set)
+        node, granted = await lease_of_pod(c, "retried")
+        c.side_process.kill()
+        c.side_process.wait(timeout=30)
+        held.release.set()
+
+        side = await c.start_cluster_side()
+        scheduler.extender_url = c.extender_url
+        side.cache.set_targets({n.name: n.target for n in c.nodes.values()})
+        await eventually(lambda: running(c, "team-a", "retried"), 60)
+        assert await lease_of_pod(c, "retried") == (node, granted)  # same request id
+        assert c.kubelets is not None
+        assert c.kubelets.env("team-a", "retried")["GPUSHARE_LEASE_ID"] == granted
+
+
+async def test_a_pod_watch_expired_with_410_is_listed_again_and_nothing_is_missed(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.kube.controller")
+    async with loopback_cluster(root, nodes=2) as (c, _):
+        await c.apply(gpu_pod("short"))
+        await eventually(lambda: running(c, "team-a", "short"))
+        assert len(await live_leases(c)) == 1
+
+        watch = c.api_server.hold_next("GET", r"schedulerName.*watch=|watch=.*schedulerName")
+        c.api_server.end_watches()  # the controller lists again, then watches from there
+        await eventually(watch.arrived.is_set)
+        c.api_server.delete_pod("team-a", "short")  # happens while the watch is not open
+        c.api_server.compact()  # ... and the version it watches from is compacted away
+        watch.release.set()
+
+        await eventually(lambda: c.api_server.pod("team-a", "short") is None, 30)
+        assert await live_leases(c) == []
+        assert "pod watch expired (410)" in caplog.text
