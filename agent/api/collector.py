@@ -6,7 +6,7 @@ Every family has the ``gpushare_`` prefix and a unit suffix where it has a unit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import (
@@ -18,6 +18,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from agent import __version__
+from agent.api.lease_metrics import lease_families, lease_rows
 from agent.core.types import LATENCY_BUCKETS_S, NodeSnapshot
 
 
@@ -36,10 +37,12 @@ class AgentCollector(Collector):
         telemetry: Callable[[], TelemetryStats],
         *,
         clock: Callable[[], float] = time.time,
+        lease_memory: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self._snapshot = snapshot
         self._telemetry = telemetry
         self._clock = clock
+        self._lease_memory = lease_memory  # used bytes by lease id (NVML, summed)
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._snapshot()
@@ -47,6 +50,7 @@ class AgentCollector(Collector):
         yield from self._devices(snapshot)
         yield from self._telemetry_families(snapshot)
         yield from self._admission(snapshot)
+        yield from lease_families(lease_rows(snapshot, self._lease_memory()))
 
     def _admission(self, snapshot: NodeSnapshot) -> Iterator[Metric]:
         stats = snapshot.admission

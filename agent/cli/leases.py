@@ -57,6 +57,13 @@ def _device_uuid(where: Where, name: str) -> str:
         sys.exit(exits.CONFIG)
 
 
+def _namespace_and_pod(pod: str) -> tuple[str, str]:
+    """``"<namespace>/<name>"`` as two cells, as ``kubectl get pods -A`` shows them; ``-``
+    for a lease made for no pod."""
+    namespace, _, name = pod.rpartition("/")
+    return namespace or "-", name or "-"
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.option("--all-devices", is_flag=True, help="Also list each device's committed totals.")
@@ -78,7 +85,7 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
         [
             x.lease_id,
             x.state,
-            x.pod or "-",
+            *_namespace_and_pod(x.pod),
             x.device_index,
             x.tenant,
             x.trust_domain,
@@ -97,6 +104,7 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
             [
                 "LEASE",
                 "STATE",
+                "NAMESPACE",
                 "POD",
                 "DEV",
                 "TENANT",

@@ -315,6 +315,14 @@ class EstimatorSettings:
     profiles_dir: str = _setting(
         "/etc/gpushare/profiles", "Folder of workload profiles (*.yaml) requests may name."
     )
+    coverage: float = _setting(
+        0.9,
+        "Coverage of the retention gate's conservative estimate: the share of co-locations "
+        "whose true retention is at or above it (calibrated in training; a model stores "
+        "every level from 0.5 to 0.99).",
+        min=0.5,
+        max=0.99,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ Every tree's nodes are laid end to end (``left``, ``right``, ``feature``, ``thre
 ``value``), and a whole batch walks all trees at once: one gather per level, no Python loop
 over trees or records, no scikit-learn on the hot path. Inputs are rounded to float32 first,
 as scikit-learn's trees do, so predictions equal ``RandomForestRegressor.predict`` exactly
-(tested to 1e-9). The spread of the trees gives a conservative lower estimate too.
+(tested to 1e-9). The spread of the trees feeds the calibrated lower estimate
+(``agent.estimator.calibration``); version 1 models used a quantile of the trees.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ class CompiledForest:
         """The mean prediction and a conservative one: the ``quantile`` of the trees."""
         trees = self.tree_predictions(x)
         return trees.mean(axis=1), _lower_quantile(trees, quantile)
+
+    def predict_with_spread(self, x: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+        """The mean prediction and the trees' spread (population standard deviation), the
+        two numbers the calibrated lower estimate is made of."""
+        trees = self.tree_predictions(x)
+        return trees.mean(axis=1), trees.std(axis=1)
 
     def save(self, path: Path) -> None:
         np.savez_compressed(

@@ -7,10 +7,23 @@ For a target workload next to its peers on a device:
   (``p.sum.<counter>``, ``p.max.<counter>``), the sum of their thread percentages and of
   their memory as a fraction of the device (``p.thread_pct_sum``, ``p.memory_frac_sum``);
 - the device: memory in GiB and a model class (``d.memory_gib``, ``d.class``);
-- the device's counters while the set ran together, when the record has them (``dc.*``).
+- (version 2) the physics of sharing, from each workload's busy shares (``busy_shares``:
+  SM busy capped by its thread percentage, memory bus busy) and memory used
+  (``fb_used_bytes``, else its memory limit, as a fraction of the device): the total demand
+  of the set on each resource (``x.<r>_total``), the peers' part of it (``x.<r>_peers``),
+  the target's share of it (``x.<r>_share``), the headroom of the tighter of SMs and memory
+  bus (``x.headroom``: 1 - the larger total, negative when oversubscribed), and the sum of
+  solo ``gpu_util`` the utilisation-sum rule reads (``x.util_sum``).
+
+The device's counters while the set ran together (``dc.*``) are no longer features: they
+are measured during the co-run, so they carry its outcome (a set that slows down shows less
+busy), and the live gate, which decides before the candidate has run, never has them (it
+read them as 0). Version 1 models that use them still load and are fed the same values.
 
 The feature list is chosen from the training data and stored with the model; a counter
-missing from a record reads as 0.
+missing from a record reads as 0. ``monotonic`` gives the direction the physics fixes for a
+feature (-1: more of it never raises the target's retention), for the forest's
+``monotonic_cst``.
 """
 
 from __future__ import annotations
@@ -22,7 +35,8 @@ import numpy.typing as npt
 
 from agent.estimator.records import Record, Workload
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
+READABLE_FEATURE_VERSIONS = (1, 2)
 GIB = 1024**3
 # Coarse model classes by generation, oldest first; unknown models read as 0.
 MODEL_CLASSES = (
@@ -58,14 +72,45 @@ def counter_names(records: Iterable[Record]) -> tuple[list[str], list[str]]:
     return sorted(workload), sorted(device)
 
 
-def feature_names(workload_counters: Sequence[str], device_counters: Sequence[str]) -> list[str]:
+RESOURCES = ("sm", "dram", "mem", "threads")
+PHYSICS = (
+    [f"x.{r}_total" for r in RESOURCES]
+    + [f"x.{r}_peers" for r in RESOURCES]
+    + [f"x.{r}_share" for r in RESOURCES]
+    + ["x.headroom", "x.util_sum"]
+)
+# Counters that measure load: more of them on the peers never helps the target.
+LOAD_COUNTERS = frozenset(
+    {"gpu_util", "mem_util", "sm_active", "dram_active", "tensor_active", "fb_used_bytes"}
+)
+
+
+def feature_names(
+    workload_counters: Sequence[str], device_counters: Sequence[str] = ()
+) -> list[str]:
+    """Version 2 features; ``device_counters`` (``dc.*``) are accepted and left out (see
+    the module's docstring)."""
     names = [f"t.{c}" for c in workload_counters] + ["t.thread_pct"]
     names += ["p.count", "p.thread_pct_sum", "p.memory_frac_sum"]
     names += [f"p.sum.{c}" for c in workload_counters]
     names += [f"p.max.{c}" for c in workload_counters]
     names += ["d.memory_gib", "d.class"]
-    names += [f"dc.{c}" for c in device_counters]
+    names += PHYSICS
     return names
+
+
+def monotonic(name: str) -> int:
+    """-1 where more of the feature never raises the target's retention (peer and total
+    demand), +1 where more never lowers it (headroom), 0 where the physics does not say."""
+    if name == "x.headroom":
+        return 1
+    if name.endswith(("_total", "_peers")) or name in ("x.util_sum", "p.count"):
+        return -1
+    if name in ("p.thread_pct_sum", "p.memory_frac_sum"):
+        return -1
+    if name.startswith(("p.sum.", "p.max.")) and name.split(".", 2)[2] in LOAD_COUNTERS:
+        return -1
+    return 0
 
 
 def features(record: Record, names: Sequence[str]) -> list[float]:
@@ -88,7 +133,47 @@ def _values(record: Record) -> dict[str, float]:
     values["d.class"] = model_class(record.gpu_model)
     for name, value in (record.device_counters or {}).items():
         values[f"dc.{name}"] = value
+    own = demand(record.target, record.gpu_memory_bytes)
+    others = _sum4([demand(p, record.gpu_memory_bytes) for p in record.peers])
+    util = record.target.counters.get("gpu_util", 0.0)
+    util += sum(p.counters.get("gpu_util", 0.0) for p in record.peers)
+    for i, resource in enumerate(RESOURCES):
+        total = own[i] + others[i]
+        values[f"x.{resource}_total"] = total
+        values[f"x.{resource}_peers"] = others[i]
+        values[f"x.{resource}_share"] = own[i] / total if total > 0 else 1.0
+    values["x.headroom"] = 1.0 - max(own[0] + others[0], own[1] + others[1])
+    values["x.util_sum"] = util
     return values
+
+
+def demand(workload: Workload, gpu_memory_bytes: int) -> tuple[float, float, float, float]:
+    """A workload's demand on the SMs, the memory bus, memory and threads, as fractions of
+    the device."""
+    sm, dram = busy_shares(workload.counters, workload.thread_pct)
+    used = workload.counters.get("fb_used_bytes") or float(workload.memory_bytes)
+    return sm, dram, used / gpu_memory_bytes, workload.thread_pct / 100.0
+
+
+def _sum4(rows: Sequence[tuple[float, float, float, float]]) -> tuple[float, ...]:
+    return tuple(float(sum(r[i] for r in rows)) for i in range(4))
+
+
+def _physics(
+    own: npt.NDArray[np.float64], peers: npt.NDArray[np.float64], util: npt.NDArray[np.float64]
+) -> dict[str, npt.NDArray[np.float64]]:
+    """The physics columns from own and peer demand (rows x the four resources), as
+    ``_values`` makes them for one record."""
+    total = own + peers
+    safe = np.where(total > 0, total, 1.0)
+    columns = {}
+    for i, resource in enumerate(RESOURCES):
+        columns[f"x.{resource}_total"] = total[:, i]
+        columns[f"x.{resource}_peers"] = peers[:, i]
+        columns[f"x.{resource}_share"] = np.where(total[:, i] > 0, own[:, i] / safe[:, i], 1.0)
+    columns["x.headroom"] = 1.0 - np.maximum(total[:, 0], total[:, 1])
+    columns["x.util_sum"] = util
+    return columns
 
 
 def set_features(
@@ -128,6 +213,9 @@ def set_features(
         columns[f"p.max.{name}"] = np.where(
             np.isfinite(peer_max[:, column]), peer_max[:, column], 0.0
         )
+    own = np.asarray([demand(w, gpu_memory_bytes) for w in workloads], dtype=np.float64)
+    util = np.asarray([w.counters.get("gpu_util", 0.0) for w in workloads], dtype=np.float64)
+    columns.update(_physics(own, own.sum(axis=0) - own, np.full(count, util.sum())))
     zeros = np.zeros(count)
     return np.stack([columns.get(name, zeros) for name in names], axis=1)
 

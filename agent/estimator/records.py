@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,24 @@ class Workload:
     thread_pct: float
     memory_bytes: int
     counters: Mapping[str, float] = field(default_factory=dict)
+    family: str = ""  # the workload's family (model architecture); derived from its name if ""
+
+
+# A batch-size suffix: "resnet50-bs32", "bert_b16", "ResNet-50 (batch size 128)".
+_BATCH = re.compile(r"(\s*\(.*\)|[-_ ]+(bs|b|batch[-_ ]?size)[-_ ]?\d+)$", re.IGNORECASE)
+
+
+def family_of(workload: Workload) -> str:
+    """The workload's family: its ``family`` field, else its name less a batch-size suffix,
+    lower case. Cross-validation holds whole families out."""
+    if workload.family:
+        return workload.family
+    name = workload.workload.strip()
+    while True:
+        shorter = _BATCH.sub("", name)
+        if shorter == name or not shorter:
+            return name.lower()
+        name = shorter
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +101,12 @@ def _workload(value: Any, where: str) -> Workload:
         ),
         memory_bytes=int(_number(body.get("memory_bytes", 0), f"{where}.memory_bytes", low=0)),
         counters=_counters(body.get("counters", {}), f"{where}.counters"),
+        family=_family(body.get("family"), f"{where}.family"),
     )
+
+
+def _family(value: Any, where: str) -> str:
+    return "" if value is None else _text(value, where)
 
 
 def _counters(value: Any, where: str) -> dict[str, float]:
@@ -119,12 +143,13 @@ def to_json(record: Record, **extra: float) -> str:
     """A record as one JSON line, with ``extra`` fields (predictions) added."""
 
     def workload(w: Workload) -> dict[str, Any]:
-        return {
+        body = {
             "workload": w.workload,
             "thread_pct": w.thread_pct,
             "memory_bytes": w.memory_bytes,
             "counters": dict(w.counters),
         }
+        return {**body, "family": w.family} if w.family else body
 
     document: dict[str, Any] = {
         "gpu": {"model": record.gpu_model, "memory_bytes": record.gpu_memory_bytes},

@@ -91,7 +91,14 @@ class App:
         )
         self.servers = self._grpc_servers(settings)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(AgentCollector(self.snapshot, self._telemetry_stats, clock=clock))
+        self.registry.register(
+            AgentCollector(
+                self.snapshot,
+                self._telemetry_stats,
+                clock=clock,
+                lease_memory=lambda: snapshot.lease_memory_used(self),
+            )
+        )
         self.http = None
         if settings.api.http_listen:
             app = build_http_app(registry=self.registry, readiness_problems=self.readiness_problems)

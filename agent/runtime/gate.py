@@ -3,7 +3,10 @@ the retention of the request and of every lease already there with the request a
 admit only if each prediction meets that workload's floor.
 
 With a model, the prediction is the forest's conservative estimate (``retention_lower``):
-refusing a good placement costs less than admitting one that breaks a floor. Without one,
+refusing a good placement costs less than admitting one that breaks a floor. It is
+calibrated: the true retention is at or above it for a stated share of co-locations (the
+model's coverage, or ``coverage`` here: the setting ``estimator.coverage``), and the answer
+names that coverage. Without one,
 the fallback is the utilisation-sum rule: the set keeps ``min(1, 100 / sum of gpu_util)``,
 and every answer says which was used. A workload's counters are those sent with the request,
 else its profile's; without either it is modelled as keeping 80% of its thread share busy.
@@ -59,6 +62,18 @@ def solo_counters(
     }
 
 
+def _model_name(model: RetentionModel) -> str:
+    name = (
+        f"model {model.metadata.get('data_sha256', '?')[:12]} "
+        f"({model.metadata.get('provenance', 'unknown data')})"
+    )
+    if model.uses_rule:
+        return f"{name}: utilisation-sum rule (its forest did not beat it)"
+    if model.coverage is not None:
+        return f"{name}, lower estimate at {model.coverage:.0%} coverage"
+    return name
+
+
 class ProfileGate:
     """The retention gate. ``always_predict=False`` (admission's hot path) skips the
     prediction on a device where neither the request nor any lease has a floor: nothing
@@ -70,16 +85,14 @@ class ProfileGate:
         profiles: Mapping[str, Profile],
         *,
         always_predict: bool = False,
+        coverage: float | None = None,
     ) -> None:
+        if model is not None and coverage is not None and model.coverage is not None:
+            model = model.with_coverage(coverage)
         self.model = model
         self.profiles = profiles
         self.always_predict = always_predict
-        self.name = (
-            f"model {model.metadata.get('data_sha256', '?')[:12]} "
-            f"({model.metadata.get('provenance', 'unknown data')})"
-            if model is not None
-            else FALLBACK
-        )
+        self.name = FALLBACK if model is None else _model_name(model)
 
     def floor_of(self, profile: str | None, stated: float | None) -> float | None:
         if stated:

@@ -6,7 +6,8 @@ device memory, faults seen since the last pass), asks the pure planner (``agent.
 what to do, and does it. Every action is an event, a count in
 ``gpushare_control_actions_total`` and a log line; a dry run lists the same actions and
 changes nothing; a report terminates nothing. A hung control daemon is the MPS supervisor's
-to restart; a pass lists it.
+to restart; a pass lists it. Each pass keeps the used memory it summed per lease for the
+per-lease metrics (``gpushare_lease_memory_used_bytes``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class Janitor:
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self.actions = actions
+        # NVML's used memory of each lease's processes, summed, as of the last pass (metrics)
+        self.memory_used_bytes: dict[str, int] = {}
         events.listeners.append(self._on_event)
 
     def _on_event(self, event: Event) -> None:
@@ -168,6 +171,7 @@ class Janitor:
                 lease_id = processes[p.pid].lease_id
                 if lease_id and p.used_memory_bytes is not None:
                     used[lease_id] += p.used_memory_bytes
+        self.memory_used_bytes = dict(used)
         return Facts(
             now=self._clock(),
             daemons=daemons,

@@ -46,3 +46,10 @@ def take(app: App) -> NodeSnapshot:
             control.janitor.attributor.mismatches_total if control else 0
         ),
     )
+
+
+def lease_memory_used(app: App) -> dict[str, int]:
+    """NVML's used memory of each lease's processes, summed, as of the janitor's last pass
+    (a lease with no process attributed, or none whose memory NVML reports, is not in it)."""
+    control = app.control
+    return dict(control.janitor.memory_used_bytes) if control else {}

@@ -19,7 +19,7 @@ from agent.core.errors import ConfigError, ValidationError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device
 from agent.gpu.exporter import ExporterTelemetry
-from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
+from agent.gpu.fake import FakeTelemetrySource
 from agent.gpu.port import GpuBackend, TelemetrySource
 from agent.mps.control import SubprocessMpsControl
 from agent.mps.manager import SupervisedMpsManager
@@ -31,6 +31,7 @@ from agent.runtime.gate import ProfileGate
 from agent.runtime.node import ReadinessPredictor
 from agent.runtime.profiler import Profiler
 from agent.sim.contention import Load, device_counters
+from agent.sim.processes import SimGpuBackend
 from agent.state.port import StateStore
 from agent.state.sqlite import SqliteStateStore
 
@@ -49,7 +50,7 @@ class Ports:
 def build_gpu(settings: Settings) -> GpuBackend:
     """The simulated node's devices on --sim, else NVML's."""
     if settings.sim.enabled:
-        return FakeGpuBackend(checks.load_sim_spec(settings.sim.node_file).devices)
+        return SimGpuBackend(checks.load_sim_spec(settings.sim.node_file).devices)
     from agent.gpu.nvml import NvmlGpuBackend
 
     return NvmlGpuBackend()
@@ -57,9 +58,12 @@ def build_gpu(settings: Settings) -> GpuBackend:
 
 def build_ports(settings: Settings, events: EventLog) -> Ports:
     gpu = build_gpu(settings)
+    mps = build_mps_manager(settings, gpu, events)
+    if isinstance(gpu, SimGpuBackend):  # the simulated NVML lists the daemons' clients
+        gpu.mps_states = mps.states
     return Ports(
         gpu=gpu,
-        mps=build_mps_manager(settings, gpu, events),
+        mps=mps,
         telemetry=build_telemetry(settings),
         simulated=settings.sim.enabled,
         store=SqliteStateStore(settings.state_db_path, sync=settings.paths.state_sync),
@@ -204,7 +208,7 @@ def retention_gate(settings: Settings) -> ProfileGate:
             "estimator.model_dir" if "model" in str(exc.field) else "estimator.profiles_dir",
             str(exc),
         ) from exc
-    return ProfileGate(model, profiles)
+    return ProfileGate(model, profiles, coverage=e.coverage)
 
 
 def readiness_predictor(settings: Settings) -> ReadinessPredictor | None:

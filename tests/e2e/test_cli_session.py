@@ -159,11 +159,12 @@ def test_the_doc_has_an_example_of_every_command() -> None:
         "status", "config show", "mps status", "telemetry", "leases", "explain --memory",
         "size --parameters", "drain 3", "undrain", "events", "clear-stale --dry-run",
         "estimator synth", "estimator train", "estimator predict", "estimator evaluate",
-        "readiness synth", "readiness evaluate", "readiness train",
+        "readiness synth", "readiness evaluate", "readiness train", "kube serve",
     ):  # fmt: skip
         assert any(s == command or s.startswith(command) for s in shown), command
 
 
+@pytest.mark.timeout(150)  # training a model takes a while on 2 cores
 @pytest.mark.parametrize("example", ALL, ids=[e.command for e in ALL])
 def test_example(session: Path, example: Example) -> None:
     result = run(session, example.command)

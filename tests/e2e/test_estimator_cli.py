@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.estimator.model import DEFAULT_MODEL_DIR
 from tests.helpers import agent_command, subprocess_env
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,6 +29,8 @@ def test_round_trip(tmp_path: Path) -> None:
     assert run("synth", "--out", str(holdout), "--runs", "100", "--seed", "4").returncode == 0
     trained = run("train", "--data", str(data), "--out", str(model), "--trees", "30")
     assert trained.returncode == 0, trained.stderr
+    assert "leave-one-family-out" in trained.stderr
+    assert "retention_lower coverage: nominal 0.90" in trained.stdout
     table = {
         line.split()[0]: [float(v) for v in line.split()[1:]]
         for line in trained.stdout.splitlines()[1:4]
@@ -35,6 +38,8 @@ def test_round_trip(tmp_path: Path) -> None:
     assert table["forest"][0] < table["mean"][0] and table["forest"][0] < table["util_sum_rule"][0]
     metadata = json.loads((model / "model.json").read_text())
     assert metadata["features"] and metadata["data_sha256"] and metadata["versions"]
+    assert metadata["calibration"]["coverage"] == 0.9 and metadata["selected"] == "forest"
+    assert not [name for name in metadata["features"] if name.startswith("dc.")]
 
     predicted = run("predict", "--model", str(model), "--data", str(holdout))
     assert predicted.returncode == 0, predicted.stderr
@@ -43,12 +48,37 @@ def test_round_trip(tmp_path: Path) -> None:
     assert len(lines) == len(source)
     assert [x["target"]["workload"] for x in lines] == [x["target"]["workload"] for x in source]
     assert all(x["retention_lower"] <= x["predicted_retention"] + 1e-9 for x in lines)
+    assert {x["retention_coverage"] for x in lines} == {0.9}
+    loose = run("predict", "--model", str(model), "--data", str(holdout), "--coverage", "0.6")
+    looser = [json.loads(x)["retention_lower"] for x in loose.stdout.splitlines()]
+    assert all(a >= x["retention_lower"] for a, x in zip(looser, lines, strict=True))
 
     evaluated = run("evaluate", "--model", str(model), "--data", str(holdout))
     assert evaluated.returncode == 0, evaluated.stderr
     metrics = json.loads(evaluated.stdout)
     assert metrics["records"] == len(source) and metrics["mae"] < 0.2
     assert {"gate_precision_at_0.85", "gate_recall_at_0.9"} <= set(metrics)
+    assert metrics["coverage_nominal"] == 0.9 and "util_sum_120" in metrics["baselines"]
+
+
+def test_evaluate_writes_a_report_on_another_generator(tmp_path: Path) -> None:
+    other, report = tmp_path / "other.jsonl", tmp_path / "report"
+    made = run("synth", "--out", str(other), "--runs", "80", "--generator", "interference")
+    assert made.returncode == 0 and "interference" in made.stdout
+    evaluated = run(
+        "evaluate",
+        "--model",
+        str(DEFAULT_MODEL_DIR),
+        "--data",
+        str(other),
+        "--report",
+        str(report),
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["records"] == len(other.read_text().splitlines())
+    names = {p.name for p in report.iterdir()}
+    assert names == {"calibration.png", "predicted_vs_true.png", "gate.png", "summary.md"}
+    assert "![calibration](calibration.png)" in (report / "summary.md").read_text()
 
 
 def test_bad_records_name_the_line(tmp_path: Path) -> None:

@@ -151,3 +151,14 @@ def test_live_estimates_fall_when_the_device_is_busier_than_declared(model: str 
     assert quiet == gate.estimate(view), "nothing unattributed: the admission-time estimate"
     assert busy["p"] < quiet["p"] and busy["q"] <= quiet["q"]
     assert set(busy) == {"p", "q"}, "the unattributed peer is not a lease"
+
+
+def test_the_gate_states_and_applies_its_coverage() -> None:
+    model = RetentionModel.load(DEFAULT_MODEL_DIR)
+    loose = ProfileGate(model, PROFILES, coverage=0.6)
+    strict = ProfileGate(model, PROFILES, coverage=0.99)
+    assert "60% coverage" in loose.name and "99% coverage" in strict.name
+    view = DeviceView(DEVICE, (lease("l-bert", "bert-infer", 25, floor=0.5),))
+    ask = request("resnet50-train", 50)
+    assert strict(view, ask).predictions["l-bert"] <= loose(view, ask).predictions["l-bert"]
+    assert ProfileGate(model, PROFILES).name.endswith(f"{model.coverage:.0%} coverage")

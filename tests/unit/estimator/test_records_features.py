@@ -3,7 +3,13 @@ import json
 import pytest
 
 from agent.core.errors import ValidationError
-from agent.estimator.features import counter_names, feature_names, features, model_class
+from agent.estimator.features import (
+    counter_names,
+    feature_names,
+    features,
+    model_class,
+    monotonic,
+)
 from agent.estimator.records import parse_lines, to_json
 
 EXAMPLE = {
@@ -84,7 +90,59 @@ def test_peer_order_does_not_matter_and_missing_counters_read_zero() -> None:
     assert values["p.count"] == 2 and values["p.sum.gpu_util"] == 125.0
     assert values["p.max.gpu_util"] == 70.0 and values["p.thread_pct_sum"] == 150.0
     assert values["p.sum.mem_util"] == 20.0, "a missing counter counts as 0"
-    assert values["dc.gpu_util"] == 98.0 and values["d.class"] == model_class("V100")
+    assert values["d.class"] == model_class("V100")
+    assert not [n for n in names if n.startswith("dc.")], "device counters are not features"
+
+
+def test_physics_features_of_the_documented_example() -> None:
+    (record,) = parse_lines([json.dumps(EXAMPLE)], need_retention=True)
+    names = feature_names(*counter_names([record]))
+    values = dict(zip(names, features(record, names), strict=True))
+    device = 17179869184
+    expected = {
+        "x.sm_total": 0.92 + 0.55,  # gpu_util / 100 when sm_active is missing
+        "x.sm_peers": 0.55,
+        "x.sm_share": 0.92 / 1.47,
+        "x.dram_total": 0.41 + 0.20,
+        "x.mem_total": (3.2e9 + 1.9e9) / device,  # memory used, not the limits
+        "x.mem_peers": 1.9e9 / device,
+        "x.threads_total": 2.0,
+        "x.threads_share": 0.5,
+        "x.headroom": 1 - 1.47,
+        "x.util_sum": 147.0,
+    }
+    for name, value in expected.items():
+        assert values[name] == pytest.approx(value), name
+
+
+@pytest.mark.parametrize(
+    ("name", "direction"),
+    [
+        ("x.sm_total", -1),
+        ("x.dram_peers", -1),
+        ("x.util_sum", -1),
+        ("p.sum.gpu_util", -1),
+        ("p.max.mem_util", -1),
+        ("p.thread_pct_sum", -1),
+        ("p.count", -1),
+        ("x.headroom", 1),
+        ("x.sm_share", 0),
+        ("t.gpu_util", 0),
+        ("p.sum.temperature_c", 0),  # not a load: the physics does not say
+        ("d.class", 0),
+    ],
+)
+def test_monotonic_directions(name: str, direction: int) -> None:
+    assert monotonic(name) == direction
+
+
+def test_family_is_an_optional_field_that_round_trips() -> None:
+    document = json.loads(json.dumps(EXAMPLE))
+    document["target"]["family"] = "resnet"
+    (record,) = parse_lines([json.dumps(document)], need_retention=True)
+    assert record.target.family == "resnet" and record.peers[0].family == ""
+    again = json.loads(to_json(record))
+    assert again["target"]["family"] == "resnet" and "family" not in again["peers"][0]
 
 
 def test_model_classes_order_generations() -> None:

@@ -26,6 +26,7 @@ workloads = st.lists(
 )
 
 
+@pytest.mark.timeout(60)  # 200 sets of up to 12, each rebuilt as 12 records: slow on a busy CPU
 @settings(max_examples=200, deadline=None)
 @given(workloads, st.sampled_from(["NVIDIA H100 80GB HBM3", "Tesla T4", "unknown"]))
 def test_set_features_match_each_leave_one_out_record(members: list[Workload], model: str) -> None:

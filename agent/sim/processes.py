@@ -1,0 +1,73 @@
+"""The simulated node's NVML process lists: its MPS clients, with the memory each declares.
+
+A real driver lists each MPS client in ``nvmlDeviceGetMPSComputeRunningProcesses`` with
+its ``usedGpuMemory``, or ``NVML_VALUE_NOT_AVAILABLE`` (``None`` here) where it cannot say.
+On the simulated node nothing allocates device memory, so a simulated client declares what
+it would use in its environment, ``GPUSHARE_SIM_USED_MEMORY`` (``3GiB``, ``1024``); one
+that declares nothing, or something unreadable, is listed with ``None``. The clients are
+those connected to the device's MPS servers (``fake_connect_client`` on the fake control
+daemon). Processes a test puts in ``process_table`` are listed too, as on the plain fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
+
+from agent.core.errors import UnitError
+from agent.core.identity import marker_from_chunks
+from agent.core.types import Device, GpuProcess, MpsDaemonState
+from agent.core.units import parse_bytes
+from agent.gpu.fake import FakeGpuBackend
+
+USED_MEMORY_VAR = "GPUSHARE_SIM_USED_MEMORY"
+CHUNK_BYTES = 4096
+
+
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    while chunk := f.read(CHUNK_BYTES):
+        yield chunk
+
+
+def declared_used_memory_bytes(pid: int, *, proc: str = "/proc") -> int | None:
+    """What the process declares in ``GPUSHARE_SIM_USED_MEMORY`` (blocking: reads /proc)."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb", buffering=0) as f:
+            declared = marker_from_chunks(_chunks(f), USED_MEMORY_VAR)
+    except OSError:
+        return None
+    try:
+        return parse_bytes(declared) if declared else None
+    except UnitError:
+        return None
+
+
+def mps_clients(states: Sequence[MpsDaemonState], device_uuid: str) -> list[int]:
+    """The client PIDs of the device's MPS servers, in order, once each."""
+    pids = [
+        pid
+        for daemon in states
+        if daemon.device_uuid == device_uuid
+        for server in daemon.servers
+        for pid in server.client_pids
+    ]
+    return list(dict.fromkeys(pids))
+
+
+class SimGpuBackend(FakeGpuBackend):
+    """The fake inventory, with the device's MPS clients in its process lists."""
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        super().__init__(devices)
+        self.mps_states: Callable[[], Sequence[MpsDaemonState]] = list
+
+    async def processes(self, device: Device) -> list[GpuProcess]:
+        listed = await super().processes(device)
+        known = {p.pid for p in listed}
+        clients = [pid for pid in mps_clients(self.mps_states(), device.uuid) if pid not in known]
+        return listed + await asyncio.to_thread(_client_processes, clients)
+
+
+def _client_processes(pids: list[int]) -> list[GpuProcess]:
+    return [GpuProcess(pid, declared_used_memory_bytes(pid), mps=True) for pid in pids]
