@@ -9,8 +9,9 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -19,6 +20,19 @@ from agent.cli.common import CONTEXT, fail
 from agent.core.errors import ConfigError, GpushareError
 
 log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def file_option(flag: str, text: str) -> Callable[[F], F]:
+    """An option naming a file this process must be able to read (empty: none)."""
+    return click.option(flag, metavar="FILE", default="", callback=_file, help=text)
+
+
+def seconds_option(flag: str, default: float, text: str) -> Callable[[F], F]:
+    """A duration in seconds, above 0."""
+    return click.option(
+        flag, type=float, default=default, show_default=True, callback=_positive, help=text
+    )
 
 
 @click.group(context_settings=CONTEXT)
@@ -58,16 +72,8 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> floa
     help="The Kubernetes API server (https://HOST:6443). Default: the pod's service account "
     "(in-cluster). Env: GPUSHARE_KUBE_API_SERVER.",
 )
-@click.option(
-    "--api-token-file",
-    metavar="FILE",
-    default="",
-    callback=_file,
-    help="Bearer token for --api-server.",
-)
-@click.option(
-    "--api-ca", metavar="FILE", default="", callback=_file, help="CA of --api-server's certificate."
-)
+@file_option("--api-token-file", "Bearer token for --api-server.")
+@file_option("--api-ca", "CA of --api-server's certificate.")
 @click.option(
     "--agents-namespace",
     default="gpushare-system",
@@ -80,29 +86,12 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> floa
     show_default=True,
     help="The agents' headless Service; its EndpointSlices (port 'grpc') name one agent per node.",
 )
-@click.option(
-    "--agent-ca",
-    metavar="FILE",
-    default="",
-    callback=_file,
-    help="CA of the agents' certificates (TLS towards the agents).",
-)
-@click.option(
-    "--agent-cert",
-    metavar="FILE",
-    default="",
-    callback=_file,
-    help="This side's certificate, for mutual TLS with the agents.",
-)
-@click.option(
-    "--agent-key", metavar="FILE", default="", callback=_file, help="The key of --agent-cert."
-)
-@click.option(
+@file_option("--agent-ca", "CA of the agents' certificates (TLS towards the agents).")
+@file_option("--agent-cert", "This side's certificate, for mutual TLS with the agents.")
+@file_option("--agent-key", "The key of --agent-cert.")
+@file_option(
     "--agent-token-file",
-    metavar="FILE",
-    default="",
-    callback=_file,
-    help="Bearer token towards the agents (over TLS, or plaintext with --insecure-agents).",
+    "Bearer token towards the agents (over TLS, or plaintext with --insecure-agents).",
 )
 @click.option(
     "--agent-server-name",
@@ -130,65 +119,34 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> floa
     metavar="HOST:PORT",
     help="Serve the admission webhook (HTTPS) here, e.g. 0.0.0.0:8443. Default: no webhook.",
 )
-@click.option(
-    "--webhook-cert",
-    metavar="FILE",
-    default="",
-    callback=_file,
-    help="The webhook's TLS certificate.",
-)
-@click.option(
-    "--webhook-key", metavar="FILE", default="", callback=_file, help="The webhook's TLS key."
-)
-@click.option(
+@file_option("--webhook-cert", "The webhook's TLS certificate.")
+@file_option("--webhook-key", "The webhook's TLS key.")
+@seconds_option(
     "--reconcile-interval-s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    callback=_positive,
-    help="How often every agent's pod leases are checked against the pods.",
+    60.0,
+    "How often every agent's pod leases are checked against the pods.",
 )
-@click.option(
+@seconds_option(
     "--lease-grace-s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    callback=_positive,
-    help="A pod lease younger than this is left to the bind that may be making "
+    60.0,
+    "A pod lease younger than this is left to the bind that may be making "
     "it; the reconcile judges older ones.",
 )
-@click.option(
+@seconds_option(
     "--hold-s",
-    type=float,
-    default=30.0,
-    show_default=True,
-    callback=_positive,
-    help="How long a bind waits for the kubelet to allocate the previous pod bound "
-    "to the same node.",
+    30.0,
+    "How long a bind waits for the kubelet to allocate the previous pod bound to the same node.",
 )
-@click.option(
+@seconds_option(
     "--gang-ttl-s",
-    type=float,
-    default=120.0,
-    show_default=True,
-    callback=_positive,
-    help="How long a gang's members may take to all be reserved before it is aborted.",
+    120.0,
+    "How long a gang's members may take to all be reserved before it is aborted.",
 )
-@click.option(
-    "--discovery-interval-s",
-    type=float,
-    default=10.0,
-    show_default=True,
-    callback=_positive,
-    help="How often the agents' EndpointSlices are read.",
-)
-@click.option(
+@seconds_option("--discovery-interval-s", 10.0, "How often the agents' EndpointSlices are read.")
+@seconds_option(
     "--node-state-interval-s",
-    type=float,
-    default=30.0,
-    show_default=True,
-    callback=_positive,
-    help="How often each node's label gpushare.io/ready and condition GpushareReady are published.",
+    30.0,
+    "How often each node's label gpushare.io/ready and condition GpushareReady are published.",
 )
 @click.option(
     "--log-level",

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
 from tests.helpers import short_dir
 from tests.kube.cluster import LoopbackCluster, eventually, gpu_pod, loopback_cluster, wait_agent
 from tests.kube.test_end_to_end import LEASE, live_leases, running
@@ -65,10 +64,7 @@ async def test_the_cluster_side_killed_mid_bind_leaks_nothing_after_the_reconcil
     async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
         assert scheduler is not None and c.side_process is not None
         held = c.api_server.hold_next("PATCH", BIND_PATCH.format(name="orphan"))
-        mine = {"scheduler_name": SCHEDULER_NAME, "finalizers": [FINALIZER]}
-        annotations = {"gpushare.io/memory": "3Gi", "gpushare.io/threads": "20"}
-        limits = {"gpushare.io/share": 1}
-        c.api_server.create_pod("orphan", "team-a", annotations=annotations, limits=limits, **mine)
+        await c.api_server_create(gpu_pod("orphan", memory="3Gi", threads="20"))
         await eventually(held.arrived.is_set)
         node, leaked = await lease_of_pod(c, "orphan")
 
@@ -88,7 +84,7 @@ async def test_the_cluster_side_killed_mid_bind_leaks_nothing_after_the_reconcil
             await asyncio.sleep(0.1)
         assert await live_leases(c) == [], (node, leaked)
 
-        c.api_server.create_pod("later", "team-a", annotations=annotations, limits=limits, **mine)
+        await c.api_server_create(gpu_pod("later", memory="3Gi", threads="20"))
         await eventually(lambda: running(c, "team-a", "later"), 60)
         assert [p for _, p, _ in await live_leases(c)] == ["team-a/later"]
 
