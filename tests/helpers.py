@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from agent.config import Settings, load_settings
 from agent.runtime.app import App, Ports
@@ -108,3 +109,20 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def run_bench_small(script: str, timeout_s: float) -> dict[str, Any]:
+    """``bench/<script> --small`` as a process: it must exit 0; its last line, as JSON."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), "--small"],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result

@@ -14,9 +14,11 @@ PodResources check and refused at PreStartContainer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +78,7 @@ class Binder:
         self._last_bound: dict[str, str] = {}  # node -> lease id bound last, maybe not allocated
         self._gangs: dict[str, Gang] = {}
         self._attempts: dict[str, int] = {}  # pod uid -> its request id's attempt, newest last
+        self.queued: Counter[str] = Counter()  # node -> binds to it in progress or waiting
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Bind the pod to ``node`` under a lease; "" on success, else why not."""
@@ -83,6 +86,11 @@ class Binder:
             pod = await self._api.get_pod(namespace, name)
             if uid and pod["metadata"].get("uid") != uid:
                 return f"pod {namespace}/{name} is not the one scheduled (uid changed)"
+            if bound := (pod.get("spec") or {}).get("nodeName"):
+                # a bind sent again (its answer lost, or from a stale view of the pod): the
+                # pod's lease is granted and in use; asking again, annotating or giving back
+                # would touch it
+                return "" if bound == node else f"pod {namespace}/{name} is bound to {bound}"
             ask = parse_ask(pod)
             if ask.gang_id:
                 await self._bind_gang_member(pod, ask, node)
@@ -99,22 +107,29 @@ class Binder:
 
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
         link = self._link(node)
-        async with self._lock(node):
-            await self._wait_previous(node)
-            fields = request_fields(pod, ask)
-            answer = await self._granted(
-                node, pod, lambda request_id: link.admit(**{**fields, "request_id": request_id})
-            )
-            if not answer.decision.admitted:
-                raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
-            await self._place(
-                pod, node, answer.lease, undo=lambda: link.release(answer.lease.lease_id)
-            )
+        with self._queued(node):
+            async with self._lock(node):
+                fields = request_fields(pod, ask)
+                answer = await self._granted(
+                    node,
+                    pod,
+                    lambda request_id: link.admit(**{**fields, "request_id": request_id}),
+                )
+                if not answer.decision.admitted:
+                    raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
+                await self._place(
+                    pod, node, answer.lease, undo=lambda: link.release(answer.lease.lease_id)
+                )
 
     async def _place(
         self, pod: Obj, node: str, lease: pb.Lease, *, undo: Callable[[], Any]
     ) -> None:
-        """Annotate and bind; on any failure give the lease back and say why."""
+        """Annotate, wait until the pod bound before on the node is allocated, and bind;
+        on any failure give the lease back and say why.
+
+        The lease may be granted and the pod annotated while the previous pod's Allocate is
+        still on its way (the agent hands that Allocate the older lease, the previous
+        pod's); only the Binding, which lets the kubelet allocate this pod, has to wait."""
         self._cache.add_pending(node, lease_of(lease))
         meta = pod["metadata"]
         try:
@@ -123,6 +138,7 @@ class Binder:
                 meta["name"],
                 {"metadata": {"annotations": {LEASE_ANNOTATION: lease.lease_id}}},
             )
+            await self._wait_previous(node)
             await self._api.bind_pod(meta["namespace"], meta["name"], meta["uid"], node)
         except KubeError as exc:
             self._cache.drop_pending(node, lease.lease_id)
@@ -184,8 +200,8 @@ class Binder:
         async with gang.turn:
             await gang.turn.wait_for(lambda: gang.order[node][0] == lease.lease_id)
         try:
-            await self._wait_previous(node)
-            await self._place(pod, node, lease, undo=lambda: link.release(lease.lease_id))
+            with self._queued(node):
+                await self._place(pod, node, lease, undo=lambda: link.release(lease.lease_id))
         finally:
             async with gang.turn:
                 gang.order[node].pop(0)
@@ -213,6 +229,12 @@ class Binder:
         for node in nodes:
             await self._lock(node).acquire()
         try:
+            for node in nodes:
+                # The members were reserved before the pod bound last on the node was
+                # admitted, so once committed they are older than its lease: the agent hands
+                # the next Allocate the oldest admitted lease not yet allocated, and that
+                # pod's Allocate would get a member's lease. Commit once it is allocated.
+                await self._wait_previous(node)
             for node in nodes:  # a commit that fails is FAILED_PRECONDITION: a BindError
                 await _agent_call(node, self._link(node).commit(gang.key))
         except BindError as exc:
@@ -257,6 +279,16 @@ class Binder:
             while len(self._attempts) > ATTEMPTS_KEPT:
                 del self._attempts[next(iter(self._attempts))]
         raise BindError(f"{node}: {MAX_REQUEST_IDS} ended leases in a row for pod {uid}")
+
+    @contextlib.contextmanager
+    def _queued(self, node: str) -> Iterator[None]:
+        self.queued[node] += 1
+        try:
+            yield
+        finally:
+            self.queued[node] -= 1
+            if not self.queued[node]:
+                del self.queued[node]
 
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())

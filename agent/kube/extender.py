@@ -76,13 +76,19 @@ class Extender:
         return {"nodenames": [n for n in names if n in decided], "failedNodes": failed}
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Best-fit across nodes: the fuller the chosen device would be, the higher."""
+        """Best-fit across nodes: the fuller the chosen device would be, the higher; less
+        one per bind to the node in progress or waiting. A node's binds go one at a time
+        (each waits for the previous pod's Allocate), so a burst of pods spreads over the
+        nodes instead of queueing behind one; with no bind under way it is plain best-fit."""
         names = _node_names(args)
         try:
             decided, _ = self.decisions(args.get("pod") or {}, names)
         except AnnotationError:
             return [{"Host": n, "Score": 0} for n in names]
-        return [{"Host": n, "Score": self._score(n, decided.get(n))} for n in names]
+        queued = self.binder.queued
+        return [
+            {"Host": n, "Score": max(0, self._score(n, decided.get(n)) - queued[n])} for n in names
+        ]
 
     def _score(self, node: str, decision: Decision | None) -> int:
         views = self.cache.views(node) or []

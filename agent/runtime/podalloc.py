@@ -62,6 +62,9 @@ class PodAllocator:
         self._pod_of_units = pod_of_units
         self._clock = clock
         self._by_units: dict[frozenset[str], str] = {}  # share units -> lease id
+        # every lease handed out, newest last: share units are given to the next pod when a
+        # pod ends, so the units' entry alone would make a live lease look unallocated
+        self._allocated: dict[str, None] = {}
 
     def device_ids(self) -> Sequence[str]:
         return [f"share-{i}" for i in range(self._settings.slots)]
@@ -69,7 +72,7 @@ class PodAllocator:
     async def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
         lease = next_hold(
             self._node.leases.values(),
-            self._by_units.values(),
+            self._allocated,
             now=self._clock(),
             hold_s=self._settings.hold_s,
         )
@@ -104,8 +107,11 @@ class PodAllocator:
 
     def _remember(self, units: frozenset[str], lease_id: str) -> None:
         self._by_units[units] = lease_id
+        self._allocated[lease_id] = None
         while len(self._by_units) > KEPT:
             del self._by_units[next(iter(self._by_units))]
+        while len(self._allocated) > KEPT:
+            del self._allocated[next(iter(self._allocated))]
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """Refuse a container whose share units went to another pod than their lease's."""

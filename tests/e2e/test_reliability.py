@@ -4,27 +4,14 @@ restarts that keep the MPS daemons and their clients, and the security probes.""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.helpers import REPO, subprocess_env
+from tests.helpers import run_bench_small
 
 
 @pytest.mark.timeout(600)
 def test_the_small_reliability_run_holds() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "reliability.py"), "--small"],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
+    result = run_bench_small("reliability.py", timeout_s=600)
     assert result["ok"], result
     load, restarts = result["load"], result["restarts"]
     assert load["lost"] == load["duplicated"] == load["invariant_violations"] == 0

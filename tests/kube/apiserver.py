@@ -567,7 +567,8 @@ def _event_for(watcher: Watcher, change: Change) -> Obj | None:
         kind = "DELETED" if now else ""
     else:
         kind = change.type if now else ""
-    return {"type": kind, "object": copy.deepcopy(change.obj)} if kind else None
+    # change.obj is a copy of its own that nothing changes: the watchers share it
+    return {"type": kind, "object": change.obj} if kind else None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -778,9 +779,8 @@ class FakeApiServer:
         items = []
         for (ns, _), obj in sorted(self.objects[kind.resource].items()):
             if (not namespace or ns == namespace) and selector.matches(obj):
-                item = copy.deepcopy(obj)
-                del item["kind"], item["apiVersion"]
-                items.append(item)
+                # serialized below before anything can change it: no copy needed
+                items.append({k: v for k, v in obj.items() if k not in ("kind", "apiVersion")})
         return web.json_response(
             {
                 "kind": f"{kind.kind}List",

@@ -96,6 +96,9 @@ class Node:
             "mps.command_timeout_s": 20,
             "mps.start_timeout_s": 60,
             "mps.hung_after_probes": 5,
+            # a stop ends the node: its MPS daemons go with the agent (a kill -9 leaves
+            # them, and the next agent adopts them)
+            "runtime.on_stop": "quit",
         }
         sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
         return agent_command(
@@ -152,6 +155,9 @@ class NodeKubelets:
         self.got: dict[tuple[str, str, str], Outcome] = {}  # (namespace, pod, container)
         self.node_of: dict[str, str] = {}  # pod uid -> node it was allocated on
         self.running: set[str] = set()  # pod uids reported Running
+        # called with the pod as the kubelet saw it and the phase it reported (a benchmark
+        # follows its pods this way)
+        self.on_started: Callable[[Obj, str], None] | None = None
         self._seen: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -208,6 +214,8 @@ class NodeKubelets:
                 self.server.set_pod_phase(meta["namespace"], meta["name"], phase)
                 if phase == "Running":
                     self.running.add(meta["uid"])
+        if self.on_started is not None:
+            self.on_started(pod, phase)
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
@@ -245,7 +253,7 @@ class LoopbackCluster:
             "reconcile_interval_s": 1.0,
             "node_state_interval_s": 1.0,
             "lease_grace_s": 2.0,
-            "bind": BindOptions(hold_s=10.0, gang_ttl_s=5.0),
+            "bind": BindOptions(hold_s=30.0, gang_ttl_s=5.0),  # hold_s as kubelet.hold_s
         }
         values.update(overrides)
         return ClusterOptions(**values)
@@ -286,7 +294,7 @@ class LoopbackCluster:
             "--reconcile-interval-s",
             "1",
             "--hold-s",
-            "10",
+            "30",
             "--gang-ttl-s",
             "5",
             "--lease-grace-s",
@@ -298,14 +306,20 @@ class LoopbackCluster:
             )
         self.extender_url = f"http://127.0.0.1:{port}"
 
-    def add_node(self, index: int, port: int) -> Node:
+    def add_node(self, index: int, port: int, extra: tuple[str, ...] = ()) -> Node:
         name = f"gpu-node-{index}"
         root = self.root / name
         root.mkdir()
         token_file = root / "token"
         make_token(token_file, f"scheduler {self.agent_token}")
         node = Node(
-            name, f"127.0.0.{index + 2}", port, root, FakeKubelet(root / "kubelet"), token_file
+            name,
+            f"127.0.0.{index + 2}",
+            port,
+            root,
+            FakeKubelet(root / "kubelet"),
+            token_file,
+            extra=extra,
         )
         self.nodes[name] = node
         self.api_server.create_node(name)
@@ -452,18 +466,26 @@ async def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: fl
 
 @contextlib.asynccontextmanager
 async def loopback_cluster(
-    root: Path, nodes: int = 2, *, cluster_side: str = "inline", scheduler: bool = True
+    root: Path,
+    nodes: int = 2,
+    *,
+    cluster_side: str = "inline",
+    scheduler: bool = True,
+    agent_args: tuple[str, ...] = (),
+    start_timeout_s: float = 60.0,
 ) -> AsyncIterator[tuple[LoopbackCluster, SchedulerStandIn | None]]:
     """``nodes`` agents, their kubelets, the cluster side (``inline`` in this process,
     ``process``: ``gpushare kube serve``, without the webhook) and the scheduler stand-in
-    running (``scheduler=False``: schedule by hand)."""
+    running (``scheduler=False``: schedule by hand). ``agent_args`` go to every agent's
+    ``gpushare serve`` command line; ``start_timeout_s`` is how long they may take to
+    come up."""
     async with FakeApiServer(token=API_TOKEN) as api_server:
         cluster = LoopbackCluster(api_server, root, make_pki(root / "pki"))
         cluster.agent_token = os.urandom(16).hex()
         make_token(root / "agent-token", cluster.agent_token)
         port = free_port("127.0.0.2")
         for index in range(nodes):
-            cluster.add_node(index, port)
+            cluster.add_node(index, port, agent_args)
         tasks: list[asyncio.Task[None]] = []
         stand_in: SchedulerStandIn | None = None
         cluster.kube = RestKubeApi.from_url(api_server.url, token=API_TOKEN)
@@ -471,7 +493,7 @@ async def loopback_cluster(
             for node in cluster.nodes.values():
                 await node.kubelet.start()
                 node.start()
-            await cluster.wait_agents()
+            await cluster.wait_agents(start_timeout_s)
             cluster.publish_endpoints()
             if cluster_side == "inline":
                 side = await cluster.start_cluster_side()

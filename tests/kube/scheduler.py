@@ -1,14 +1,17 @@
 """A stand-in for an unmodified kube-scheduler run as the second scheduler ``gpushare``
 with our extender (``filterVerb``, ``prioritizeVerb``, ``bindVerb``, ``nodeCacheCapable``):
-it takes the pending pods of its scheduler name from the API server, sends the extender
-the real ExtenderArgs JSON, picks the highest score, delegates the bind, and on failure
-records a ``FailedScheduling`` event worded like kube-scheduler's
-("0/3 nodes are available: ...") and tries the pod again later."""
+it follows the pending pods of its scheduler name (list, then watch, as its informer
+does), sends the extender the real ExtenderArgs JSON, picks the highest score (ties at
+random, as kube-scheduler does), delegates the bind, and on failure records a
+``FailedScheduling`` event worded like kube-scheduler's ("0/3 nodes are available: ...")
+and tries the pod again later."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import random
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import aiohttp
 
 SCHEDULER = "gpushare"
+UNBOUND = "spec.nodeName="
 
 
 class SchedulerStandIn:
@@ -29,6 +33,12 @@ class SchedulerStandIn:
         self.session: aiohttp.ClientSession | None = None
         self.attempts: Counter[str] = Counter()
         self.retry_s = 0.2
+        self._waiting: dict[str, dict[str, Any]] = {}  # uid -> pod, kept by follow()
+        self._synced = asyncio.Event()
+        self._informer: asyncio.Task[None] | None = None
+        # pods it bound, not scheduled again while the watch has yet to show them bound
+        # (kube-scheduler's cache "assumes" a pod it binds)
+        self.bound: set[str] = set()
 
     async def __aenter__(self) -> SchedulerStandIn:
         self.session = aiohttp.ClientSession(headers=self.headers)
@@ -36,6 +46,9 @@ class SchedulerStandIn:
 
     async def __aexit__(self, *_exc: object) -> None:
         assert self.session is not None
+        if self._informer is not None:
+            self._informer.cancel()
+            await asyncio.gather(self._informer, return_exceptions=True)
         await self.session.close()
 
     async def _post(self, url: str, body: Any) -> Any:
@@ -45,14 +58,50 @@ class SchedulerStandIn:
             return await response.json()
 
     async def pending(self) -> list[dict[str, Any]]:
+        """The pods waiting for this scheduler, as its informer last saw them."""
+        if self._informer is None:
+            self._informer = asyncio.create_task(self.follow(), name="scheduler-informer")
+        await self._synced.wait()
+        return [
+            p
+            for p in self._waiting.values()
+            if not p["metadata"].get("deletionTimestamp") and p["metadata"]["uid"] not in self.bound
+        ]
+
+    async def follow(self) -> None:
+        """kube-scheduler's informer: list the unbound pods, then watch them from that
+        resourceVersion, keeping those of this scheduler (kube-scheduler selects by node
+        and filters the scheduler name itself); a watch that ends or expires (410) lists
+        again."""
         assert self.session is not None
-        selector = f"spec.schedulerName={SCHEDULER},spec.nodeName="
-        async with self.session.get(
-            f"{self.api_url}/api/v1/pods", params={"fieldSelector": selector}
-        ) as r:
-            r.raise_for_status()
-            items: list[dict[str, Any]] = (await r.json())["items"]
-        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+        url, selector = f"{self.api_url}/api/v1/pods", {"fieldSelector": UNBOUND}
+        forever = aiohttp.ClientTimeout(total=None, sock_read=None)
+        while True:
+            try:
+                async with self.session.get(url, params=selector) as r:
+                    r.raise_for_status()
+                    listing = await r.json()
+                self._waiting = {p["metadata"]["uid"]: p for p in listing["items"] if mine(p)}
+                self._synced.set()
+                watch = {
+                    **selector,
+                    "watch": "true",
+                    "resourceVersion": listing["metadata"]["resourceVersion"],
+                    "timeoutSeconds": "60",
+                }
+                async with self.session.get(url, params=watch, timeout=forever) as r:
+                    r.raise_for_status()
+                    async for line in r.content:
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            break  # 410 Gone: list again
+                        pod = event["object"]
+                        if event["type"] == "DELETED":  # gone, or bound (left the selector)
+                            self._waiting.pop(pod["metadata"]["uid"], None)
+                        elif event["type"] in ("ADDED", "MODIFIED") and mine(pod):
+                            self._waiting[pod["metadata"]["uid"]] = pod
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                await asyncio.sleep(self.retry_s)
 
     async def schedule(self, pod: dict[str, Any]) -> str | None:
         """One scheduling cycle of one pod: the node it was bound to, or None."""
@@ -75,7 +124,9 @@ class SchedulerStandIn:
             f"{self.extender_url}/prioritize", {**args, "nodenames": feasible}
         )
         by_node = {s["Host"]: s["Score"] for s in scores}
-        node = max(feasible, key=lambda n: (by_node.get(n, 0), -feasible.index(n)))
+        top = max(by_node.get(n, 0) for n in feasible)
+        # kube-scheduler's selectHost: one of the highest scored nodes, at random
+        node: str = random.choice([n for n in feasible if by_node.get(n, 0) == top])
         binding = {
             "PodName": meta["name"],
             "PodNamespace": meta["namespace"],
@@ -86,6 +137,7 @@ class SchedulerStandIn:
         if result.get("Error"):
             await self.failed(pod, f"binding rejected: {result['Error']}")
             return None
+        self.bound.add(meta["uid"])
         return node
 
     async def failed(self, pod: dict[str, Any], message: str) -> None:
@@ -128,6 +180,10 @@ class SchedulerStandIn:
                         busy.add(pod["metadata"]["uid"])
                         spawn(cycle(pod))
                 await asyncio.sleep(0.02)
+
+
+def mine(pod: dict[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("schedulerName") == SCHEDULER)
 
 
 def unavailable(total: int, failed: dict[str, str]) -> str:

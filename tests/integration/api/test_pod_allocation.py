@@ -93,6 +93,24 @@ async def test_each_pod_gets_its_own_lease_in_bind_order(agent: App, kubelet: Fa
     assert allocated() == [first, second]
 
 
+async def test_a_lease_whose_units_went_to_another_pod_is_not_handed_out_again(
+    agent: App, kubelet: FakeKubelet
+) -> None:
+    """The kubelet gives an ended pod's share units to the next pod before the old lease is
+    released: that lease was handed out all the same, and the pod after gets its own."""
+    first = await admit(agent, "a")
+    assert (await kubelet.allocate("ns", "a", "main", 1)).error is None
+    kubelet.release("ns", "a")  # pod a ended; its lease lives until the controller's Release
+    second = await admit(agent, "b")
+    got_b = await kubelet.allocate("ns", "b", "main", 1)  # takes a's freed unit
+    third = await admit(agent, "c")
+    got_c = await kubelet.allocate("ns", "c", "main", 1)
+    assert got_b.error is None and got_c.error is None, (got_b.error, got_c.error)
+    assert got_b.response is not None and got_c.response is not None
+    assert got_b.response.envs["GPUSHARE_LEASE_ID"] == second
+    assert got_c.response.envs["GPUSHARE_LEASE_ID"] == third != first
+
+
 async def test_a_container_of_another_pod_is_refused_at_pre_start(
     agent: App, kubelet: FakeKubelet
 ) -> None:

@@ -1,0 +1,570 @@
+"""Kubernetes end to end at scale: pods created, bound, run and deleted on a cluster on
+loopback (tests/kube/cluster.py), with the real agents deciding.
+
+Every node is a real ``gpushare serve --sim`` process (4 simulated 80 GiB GPUs) on its own
+loopback address, its device plugin registered with a test kubelet that speaks the real
+kubelet gRPC APIs; the cluster side is the real one (extender, binder, lease controller,
+node-state publisher); kube-scheduler is played by the scheduler stand-in (filter,
+prioritize, bind through the extender); the API server is the stand-in ``FakeApiServer``.
+
+Each pod asks for a random share (memory and thread annotations, a priority); a tenth are
+in gangs of four. Pods are created while at most ``--window`` of them wait unbound (a
+closed loop: the rate is what the cluster takes), bound by the scheduler stand-in through
+the extender, allocated by their node's kubelet (the agent's device plugin answers
+Allocate), reported Running, run for a random time, then end one of three ways: the
+kubelet reports Succeeded and the pod is deleted, a graceful delete, or a force delete.
+The lease controller releases each lease and removes the finalizer.
+
+Measured in the same run:
+
+- ``pods`` created, ``bound`` (got a node), ``pods_per_s``: bound pods over the time from
+  the first create to the last bind;
+- ``bind_p50_ms`` / ``bind_p99_ms``: the extender's ``/bind`` as the scheduler sees it
+  (HTTP round trip, the per-node hold behind the previous pod's Allocate, the agent's
+  Admit or Reserve/Commit, the lease annotation and the Binding), successful binds only;
+- ``admit_p50_ms``: ``Admit`` called straight on the agents (admit + release pairs, round
+  robin over the nodes, all through the run), the agent's own decision under the same load;
+- ``leases_leaked``: live leases on any agent after every pod is gone and the controller's
+  grace and reconcile interval have passed twice;
+- ``wrong_lease_injections``: containers whose Allocate environment carries another lease
+  id than their pod's ``gpushare.io/lease`` annotation, or a memory limit or thread
+  percentage other than the pod's own annotations;
+- ``overcommit``: samples (every agent's ``GetNode`` every ``--sample-s``) in which a
+  device's committed memory plus context overhead and reserve passed its memory, its thread
+  percentages passed the thread budget, or its leases the client limit;
+- ``lost``: pods never bound within ``--bind-deadline-s`` (every pod fits an empty
+  device), bound but never Running, whose lease was still live at the end, or still in the
+  API server at the end (the finalizer never removed).
+
+Harness shortcuts a real cluster does not have: pods are created, phased and deleted by
+writes straight into the stand-in API server's store (the same events its watchers see;
+``--webhook`` sends each pod through the webhook and an HTTP create instead); the kubelets
+start no containers; everything but the agents runs in this one process, on the same cores.
+
+    python bench/kubernetes.py            # 16 nodes, 2,000 pods (a few minutes)
+    python bench/kubernetes.py --small    # 4 nodes, 200 pods (the test's size)
+
+Progress goes to stderr; prints a table, then one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent.admission.policy import Rules  # noqa: E402
+from agent.client import AgentClient, Priority  # noqa: E402
+from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
+from tests.helpers import short_dir  # noqa: E402
+from tests.kube.apiserver import Obj  # noqa: E402
+from tests.kube.cluster import SHARE, LoopbackCluster, gpu_pod, loopback_cluster  # noqa: E402
+from tests.kube.scheduler import SchedulerStandIn  # noqa: E402
+
+GIB = 2**30
+NAMESPACE = "bench"
+MEMORY_GIB = (1, 2, 4, 6, 8, 12)
+THREADS = (5, 10, 15, 20, 25)
+PRIORITIES = ("guaranteed", "burstable", "burstable", "best-effort")
+ENDINGS = ("succeeded", "deleted", "force-deleted")
+# The simulated node's MPS control front end is a Python program (about 0.2 s of CPU per
+# command; the real one is a native binary): at the agents' default intervals, 16 nodes'
+# daemon probes, readiness and janitor passes alone would take more than 2 cores. The pod
+# flow measured here uses none of them.
+AGENT_ARGS = tuple(
+    arg
+    for name in ("mps.probe_interval_s", "readiness.interval_s", "janitor.interval_s")
+    for arg in ("--set", f"{name}=60")
+)
+FULL = {"nodes": 16, "pods": 2000}
+SMALL = {"nodes": 4, "pods": 200}
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else 0.0
+
+
+@dataclass
+class PodPlan:
+    name: str
+    memory_gib: int
+    threads: int
+    priority: str
+    run_s: float
+    ending: str
+    gang: str = ""
+    gang_size: int = 0
+    uid: str = ""
+    created_at: float = 0.0
+    bound_at: float = 0.0
+    phase: str = ""  # what the kubelet reported
+    bound: asyncio.Event = field(default_factory=asyncio.Event)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: str = ""  # "" (ran and went) or why the pod is lost
+
+    def manifest(self) -> Obj:
+        pod = gpu_pod(
+            self.name,
+            NAMESPACE,
+            memory=f"{self.memory_gib}Gi",
+            threads=str(self.threads),
+            gang=self.gang,
+            gang_size=self.gang_size,
+            priority=self.priority,
+        )
+        return pod
+
+
+def plan_pods(args: argparse.Namespace, rng: random.Random) -> list[list[PodPlan]]:
+    """Units in creation order: a single pod, or a gang's members together."""
+    low, high = args.run_s
+    gangs = round(args.pods * args.gang_share / args.gang_size) if args.gang_size else 0
+    singles = args.pods - gangs * args.gang_size
+    kinds = ["single"] * singles + ["gang"] * gangs
+    rng.shuffle(kinds)
+    units: list[list[PodPlan]] = []
+    counts = Counter[str]()
+
+    def one(name: str, gang: str = "", size: int = 0) -> PodPlan:
+        return PodPlan(
+            name,
+            rng.choice(MEMORY_GIB),
+            rng.choice(THREADS),
+            rng.choice(PRIORITIES),
+            rng.uniform(low, high),
+            rng.choice(ENDINGS),
+            gang,
+            size,
+        )
+
+    for kind in kinds:
+        counts[kind] += 1
+        if kind == "single":
+            units.append([one(f"pod-{counts[kind]:05d}")])
+        else:
+            gang = f"gang-{counts[kind]:04d}"
+            units.append([one(f"{gang}-{i}", gang, args.gang_size) for i in range(args.gang_size)])
+    return units
+
+
+class TimedScheduler(SchedulerStandIn):
+    """The scheduler stand-in, timing each call to the extender's ``/bind``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bind_ms: list[float] = []
+        self.refused_ms: list[float] = []
+        self.refusals: Counter[str] = Counter()
+        self.on_bound: Any = None
+
+    async def _post(self, url: str, body: Any) -> Any:
+        if not url.endswith("/bind"):
+            return await super()._post(url, body)
+        started = time.perf_counter()
+        result = await super()._post(url, body)
+        took_ms = 1e3 * (time.perf_counter() - started)
+        if result.get("Error"):
+            self.refused_ms.append(took_ms)
+            self.refusals[_gist(result["Error"])] += 1
+        else:
+            self.bind_ms.append(took_ms)
+            if self.on_bound is not None:
+                self.on_bound(body["PodUID"])
+        return result
+
+
+def _gist(error: str) -> str:
+    """A refusal without its node and pod names, to count alike ones together."""
+    words = [w for w in error.split() if not any(c.isdigit() for c in w)]
+    return " ".join(words)[:80]
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    cluster: LoopbackCluster
+    scheduler: TimedScheduler
+    units: list[list[PodPlan]]
+    by_uid: dict[str, PodPlan] = field(default_factory=dict)
+    clients: dict[str, AgentClient] = field(default_factory=dict)
+    admit_ms: list[float] = field(default_factory=list)
+    admit_refused: int = 0
+    wrong: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    overcommit: list[str] = field(default_factory=list)
+    samples: int = 0
+    created: int = 0
+    bound: int = 0
+    running: int = 0
+    finished: int = 0
+    first_create: float = 0.0
+    last_bind: float = 0.0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    rules: Rules = field(default_factory=Rules)
+
+    # -- what the harness is told ----------------------------------------------------------
+
+    def on_bound(self, uid: str) -> None:
+        plan = self.by_uid.get(uid)
+        if plan is None or plan.bound.is_set():
+            return
+        plan.bound_at = self.last_bind = time.monotonic()
+        self.bound += 1
+        plan.bound.set()
+        self.wake.set()
+
+    def on_started(self, pod: Obj, phase: str) -> None:
+        """The kubelet allocated the pod's containers: check what each was given."""
+        meta = pod["metadata"]
+        plan = self.by_uid.get(meta["uid"])
+        if plan is None:
+            return
+        plan.phase = phase
+        if phase == "Running":
+            self.running += 1
+        kubelets = self.cluster.kubelets
+        assert kubelets is not None
+        lease = (meta.get("annotations") or {}).get(LEASE_ANNOTATION, "")
+        outcome = kubelets.got.get((meta["namespace"], meta["name"], "main"))
+        if outcome is not None and outcome.failed_at == "PreStartContainer":
+            # the node's PodResources check found a mismatch: the container never starts
+            self.refused.append(f"{plan.name}: {outcome.error}")
+        elif outcome is not None and outcome.response is not None:
+            env = dict(outcome.response.envs)
+            expected = {
+                "GPUSHARE_LEASE_ID": lease,
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={plan.memory_gib * 1024}M",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(plan.threads),
+            }
+            for key, value in expected.items():
+                if not lease or env.get(key) != value:
+                    self.wrong.append(f"{plan.name}: {key}={env.get(key)!r}, pod says {value!r}")
+                    break
+        plan.started.set()
+
+    # -- the pods --------------------------------------------------------------------------
+
+    async def create(self, plan: PodPlan) -> None:
+        pod = plan.manifest()
+        if self.args.webhook:
+            stored = await self.cluster.apply(pod)
+        else:  # as the webhook's mutation leaves it, written into the store
+            stored = self.cluster.api_server.create_pod(
+                plan.name,
+                NAMESPACE,
+                annotations=pod["metadata"]["annotations"],
+                limits={SHARE: 1},
+                scheduler_name=SCHEDULER_NAME,
+                finalizers=[FINALIZER],
+            )
+        plan.uid = stored["metadata"]["uid"]
+        plan.created_at = time.monotonic()
+        self.by_uid[plan.uid] = plan
+        self.created += 1
+
+    async def creator(self, spawn: Any) -> None:
+        self.first_create = time.monotonic()
+        for unit in self.units:
+            while self.created - self.bound >= self.args.window:
+                self.wake.clear()
+                await self.wake.wait()
+            for plan in unit:
+                await self.create(plan)
+                spawn(self.lifecycle(plan))
+
+    async def lifecycle(self, plan: PodPlan) -> None:
+        api = self.cluster.api_server
+        try:
+            await asyncio.wait_for(plan.bound.wait(), self.args.bind_deadline_s)
+        except TimeoutError:
+            plan.outcome = "unbound"
+            api.delete_pod(NAMESPACE, plan.name, force=True)
+            await self.gone(plan)
+            return
+        try:
+            await asyncio.wait_for(plan.started.wait(), self.args.bind_deadline_s)
+        except TimeoutError:
+            plan.phase = "never allocated"
+        if plan.phase != "Running":
+            plan.outcome = f"not run ({plan.phase})"
+            api.delete_pod(NAMESPACE, plan.name, force=True)
+            await self.gone(plan)
+            return
+        await asyncio.sleep(plan.run_s)
+        if plan.ending == "succeeded":  # the kubelet's status, then the pod's cleanup
+            api.set_pod_phase(NAMESPACE, plan.name, "Succeeded")
+            await asyncio.sleep(random.uniform(0.0, 0.3))
+            api.delete_pod(NAMESPACE, plan.name)
+        else:
+            api.delete_pod(NAMESPACE, plan.name, force=plan.ending == "force-deleted")
+        await self.gone(plan)
+
+    async def gone(self, plan: PodPlan) -> None:
+        """Until the pod is out of the API server (its finalizer removed)."""
+        pods = self.cluster.api_server.objects["pods"]
+        deadline = time.monotonic() + self.args.bind_deadline_s
+        while (NAMESPACE, plan.name) in pods:
+            if time.monotonic() > deadline:
+                plan.outcome = plan.outcome or "stuck with the finalizer"
+                return
+            await asyncio.sleep(0.05)
+        self.finished += 1
+
+    # -- beside the pods -------------------------------------------------------------------
+
+    async def admit_probe(self) -> None:
+        """Admit + release straight on the agents, round robin, through the run."""
+        names = sorted(self.clients)
+        turn = 0
+        while not self.stop.is_set():
+            client = self.clients[names[turn % len(names)]]
+            turn += 1
+            started = time.perf_counter()
+            try:
+                answer = await client.admit(
+                    request_id=f"probe-{uuid.uuid4().hex}",
+                    tenant=NAMESPACE,
+                    trust_domain=NAMESPACE,
+                    priority=Priority.BEST_EFFORT,
+                    memory_bytes=1 * GIB,
+                    thread_pct=5.0,
+                )
+            except grpc.aio.AioRpcError:  # an agent busy past the deadline: not a sample
+                await asyncio.sleep(self.args.probe_s)
+                continue
+            self.admit_ms.append(1e3 * (time.perf_counter() - started))
+            if answer.decision.admitted:
+                with contextlib.suppress(grpc.aio.AioRpcError):  # the reconcile can't see it:
+                    await client.release(answer.lease.lease_id)  # leases_leaked counts it
+            else:
+                self.admit_refused += 1
+            await asyncio.sleep(self.args.probe_s)
+
+    async def sampler(self) -> None:
+        """Every agent's ledger, checked against its devices and the rules."""
+        rules = self.rules
+        while not self.stop.is_set():
+            for name, client in self.clients.items():
+                try:
+                    node = await client.get_node()
+                except grpc.aio.AioRpcError:  # a sample missed, not a finding
+                    continue
+                self.samples += 1
+                memory = {d.uuid: d.memory_bytes for d in node.devices}
+                summed: Counter[str] = Counter()
+                for lease in node.leases:
+                    summed[lease.device_uuid] += lease.memory_bytes
+                for entry in node.ledger:
+                    total = memory.get(entry.device_uuid, 0)
+                    used = (
+                        max(entry.memory_committed_bytes, summed[entry.device_uuid])
+                        + entry.leases * rules.context_overhead_bytes
+                        + rules.reserve_bytes
+                    )
+                    if entry.leases and used > total:
+                        self.overcommit.append(f"{name}/{entry.device_uuid}: memory {used}")
+                    if entry.threads_committed_pct > rules.thread_budget_pct + 1e-6:
+                        self.overcommit.append(
+                            f"{name}/{entry.device_uuid}: threads {entry.threads_committed_pct}"
+                        )
+                    if entry.leases > rules.max_clients:
+                        self.overcommit.append(f"{name}/{entry.device_uuid}: {entry.leases}")
+            await asyncio.sleep(self.args.sample_s)
+
+    async def progress(self) -> None:
+        started = time.monotonic()
+        while not self.stop.is_set():
+            await asyncio.sleep(self.args.progress_s)
+            print(
+                f"[{time.monotonic() - started:6.1f} s] created {self.created} bound "
+                f"{self.bound} running {self.running} gone {self.finished} "
+                f"binds p50 {pct(self.scheduler.bind_ms, 0.5)} ms, "
+                f"admit p50 {pct(self.admit_ms, 0.5)} ms, "
+                f"load {os.getloadavg()[0]:.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    async def live_leases(self) -> list[tuple[str, str, str]]:
+        """(node, pod, lease id) of every live lease on every agent."""
+        found = []
+        for name, client in self.clients.items():
+            node = await client.get_node()
+            found += [(name, x.pod, x.lease_id) for x in node.leases]
+        return found
+
+
+async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    random.seed(args.seed)
+    units = plan_pods(args, rng)
+    load_before = os.getloadavg()
+    async with loopback_cluster(
+        root,
+        nodes=args.nodes,
+        scheduler=False,
+        agent_args=AGENT_ARGS,
+        start_timeout_s=30.0 * args.nodes,  # 16 agents starting at once on 2 cores
+    ) as (cluster, _):
+        assert cluster.kubelets is not None and cluster.side is not None
+        scheduler = TimedScheduler(
+            cluster.api_server.url,
+            cluster.extender_url,
+            list(cluster.nodes),
+            token=cluster.api_server.token,
+        )
+        bench = Run(args, cluster, scheduler, units)
+        scheduler.on_bound = bench.on_bound
+        cluster.kubelets.on_started = bench.on_started
+        for name, node in cluster.nodes.items():
+            client = AgentClient(node.target, token=cluster.agent_token, attempts=1, timeout_s=10)
+            bench.clients[name] = await client.__aenter__()
+        tasks: set[asyncio.Task[None]] = set()
+
+        def spawn(coro: Any) -> None:
+            task = asyncio.create_task(coro)
+            tasks.add(task)
+
+        print(f"{args.nodes} nodes up; {args.pods} pods to go", file=sys.stderr, flush=True)
+        await scheduler.__aenter__()
+        beside = [
+            asyncio.create_task(scheduler.run(), name="scheduler"),
+            asyncio.create_task(bench.admit_probe(), name="admit-probe"),
+            asyncio.create_task(bench.sampler(), name="sampler"),
+            asyncio.create_task(bench.progress(), name="progress"),
+        ]
+        try:
+            await bench.creator(spawn)
+            await asyncio.gather(*tasks)
+            done_at = time.monotonic()
+            bench.stop.set()  # the probe's own leases end with it
+            await asyncio.gather(*beside[1:3], return_exceptions=True)  # probe, sampler
+            options = cluster.side.options
+            await asyncio.sleep(2 * (options.lease_grace_s + options.reconcile_interval_s))
+            leases = await bench.live_leases()
+            left = [key for (ns, key) in cluster.api_server.objects["pods"] if ns == NAMESPACE]
+        finally:
+            bench.stop.set()
+            for task in beside:
+                task.cancel()
+            await asyncio.gather(*beside, return_exceptions=True)
+            await scheduler.__aexit__(None, None, None)
+            for client in bench.clients.values():
+                await client.__aexit__(None, None, None)
+    return summarize(bench, units, leases, left, done_at, load_before)
+
+
+def summarize(
+    bench: Run,
+    units: list[list[PodPlan]],
+    leases: list[tuple[str, str, str]],
+    left: list[str],
+    done_at: float,
+    load_before: tuple[float, float, float],
+) -> dict[str, Any]:
+    plans = [plan for unit in units for plan in unit]
+    leased_pods = {pod for _, pod, _ in leases if pod}
+    for plan in plans:
+        if f"{NAMESPACE}/{plan.name}" in leased_pods:
+            plan.outcome = plan.outcome or "lease never released"
+        if plan.name in left:
+            plan.outcome = plan.outcome or "stuck with the finalizer"
+    lost = [p for p in plans if p.outcome]
+    gangs = [unit for unit in units if unit[0].gang]
+    partial = [u for u in gangs if 0 < sum(p.bound.is_set() for p in u) < len(u)]
+    bound = sum(p.bound.is_set() for p in plans)
+    span = max(bench.last_bind - bench.first_create, 1e-9)
+    scheduler = bench.scheduler
+    result: dict[str, Any] = {
+        "nodes": bench.args.nodes,
+        "cpus": os.cpu_count(),
+        "load_avg_1m_before": round(load_before[0], 2),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        "pods": len(plans),
+        "bound": bound,
+        "pods_per_s": round(bound / span, 1),
+        "all_done_s": round(done_at - bench.first_create, 1),
+        "bind_p50_ms": pct(scheduler.bind_ms, 0.5),
+        "bind_p99_ms": pct(scheduler.bind_ms, 0.99),
+        "admit_p50_ms": pct(bench.admit_ms, 0.5),
+        "admit_p99_ms": pct(bench.admit_ms, 0.99),
+        "admit_samples": len(bench.admit_ms),
+        "bind_refused": len(scheduler.refused_ms),
+        "bind_refusals": dict(scheduler.refusals.most_common(5)),
+        "gangs": len(gangs),
+        "gangs_partial": len(partial),
+        "endings": dict(Counter(p.ending for p in plans if not p.outcome)),
+        "ledger_samples": bench.samples,
+        "leases_leaked": len(leases),
+        "wrong_lease_injections": len(bench.wrong),
+        "mismatches_refused": len(bench.refused),
+        "overcommit": len(bench.overcommit),
+        "lost": len(lost),
+        "lost_why": dict(Counter(p.outcome for p in lost)),
+    }
+    result["targets"] = {
+        "correct": all(
+            result[k] == 0
+            for k in ("leases_leaked", "wrong_lease_injections", "overcommit", "lost")
+        ),
+        "bind_within_3x_admit": result["bind_p50_ms"] <= 3 * result["admit_p50_ms"],
+        "pods_per_s_at_least_50": result["pods_per_s"] >= 50,
+    }
+    for line in (bench.wrong + bench.refused + bench.overcommit)[:10]:
+        print(f"finding: {line}", file=sys.stderr)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="4 nodes, 200 pods")
+    parser.add_argument("--nodes", type=int, default=None, help="simulated nodes (16)")
+    parser.add_argument("--pods", type=int, default=None, help="pods created (2000)")
+    parser.add_argument("--gang-share", type=float, default=0.1, help="pods in gangs (0.1)")
+    parser.add_argument("--gang-size", type=int, default=4, help="members of a gang (4)")
+    parser.add_argument(
+        "--run-s",
+        type=lambda text: tuple(float(x) for x in text.split(",")),
+        default=(0.5, 3.0),
+        help="how long a pod runs, uniform between LOW,HIGH seconds (0.5,3)",
+    )
+    parser.add_argument("--window", type=int, default=64, help="pods waiting unbound at most")
+    parser.add_argument("--bind-deadline-s", type=float, default=120.0)
+    parser.add_argument("--probe-s", type=float, default=0.02, help="between Admit probes")
+    parser.add_argument("--sample-s", type=float, default=0.5, help="between ledger samples")
+    parser.add_argument("--progress-s", type=float, default=5.0)
+    parser.add_argument("--webhook", action="store_true", help="create through the webhook")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    size = SMALL if args.small else FULL
+    args.nodes = args.nodes or size["nodes"]
+    args.pods = args.pods or size["pods"]
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    with short_dir() as root:
+        result = asyncio.run(run(args, root))
+    print(f"{'figure':<24} value", flush=True)
+    for key, value in result.items():
+        print(f"{key:<24} {value}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""bench/kubernetes.py at its small size (4 nodes, 200 pods): every pod bound, run and
+gone, and nothing leaked, overcommitted or run under another pod's lease. The speed
+figures are the benchmark's to report, not asserted here."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import run_bench_small
+
+KEYS = (
+    "pods",
+    "bound",
+    "pods_per_s",
+    "bind_p50_ms",
+    "bind_p99_ms",
+    "admit_p50_ms",
+    "leases_leaked",
+    "wrong_lease_injections",
+    "overcommit",
+    "lost",
+)
+
+
+@pytest.mark.timeout(300)
+def test_the_small_kubernetes_run_binds_every_pod_and_leaks_nothing() -> None:
+    result = run_bench_small("kubernetes.py", timeout_s=300)
+    assert set(KEYS) <= set(result), sorted(set(KEYS) - set(result))
+    assert result["pods"] == result["bound"] == 200, result
+    assert result["leases_leaked"] == 0, result
+    assert result["wrong_lease_injections"] == 0, result
+    assert result["overcommit"] == 0, result
+    assert result["gangs"] > 0 and result["gangs_partial"] == 0, result
+    assert result["admit_samples"] > 0 and result["ledger_samples"] > 0, result
+    assert result["mismatches_refused"] == 0, result
+    assert result["lost"] == 0, result
