@@ -4,8 +4,8 @@ autoscaler: a label ``gpushare.io/ready`` ("true" or "false") and a node conditi
 
 The cluster side writes them, not the agent: the agent has no Kubernetes credentials, and
 an agent that is down cannot say so itself. The state comes from the agents' cache
-(:class:`AgentCache`); at each heartbeat the agent is also asked once (``GetNode``),
-because an event stream that keeps reconnecting does not tell that its agent went away.
+(:class:`AgentCache`), which asks each agent at least every few seconds and marks one that
+stops answering (an event stream that keeps reconnecting would not tell).
 Free memory is counted as the extender counts it (the admission rules' own maths on the
 same views), so the condition says what a new pod could get."""
 
@@ -18,8 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-
-import grpc
 
 from agent.admission.policy import DeviceView, Rules, memory_left_bytes
 from agent.api.proto import agent_pb2 as pb
@@ -37,7 +35,6 @@ REASON_NOT_READY = "AgentNotReady"  # it answers, but no device takes new leases
 REASON_UNREACHABLE = "AgentUnreachable"  # it does not answer, or is no longer listed
 MESSAGE_MAX_CHARS = 4096  # a node object stays small however many MIG instances it has
 CHECK_S = 1.0  # how often the cache is looked at between heartbeats
-PROBE_TIMEOUT_S = 10.0  # the heartbeat's GetNode
 PARALLEL_WRITES = 16  # nodes written at once
 NOT_LISTED = "it is no longer listed among the agents' endpoints (stopped or not ready)"
 
@@ -119,8 +116,9 @@ async def publish_node_states(
     check_s: float = CHECK_S,
 ) -> None:
     """Patch the label and the condition of every node the cache follows, every
-    ``interval_s`` (the heartbeat, with one ``GetNode`` per agent), and within ``check_s``
-    of a change of status the cache shows (ready, not ready, unreachable). A change of
+    ``interval_s`` (the heartbeat), and within ``check_s`` of a change of status the cache
+    shows (ready, not ready, unreachable: the cache asks each agent at least every
+    ``HEARTBEAT_S`` and marks one that does not answer). A change of
     free memory alone waits for the next heartbeat: it changes with every lease. A node
     the cache stops following is written once more as unreachable, then forgotten; one it
     has not reached yet is left as it is for ``interval_s``. Runs until cancelled; API
@@ -139,8 +137,6 @@ class _Published:
     condition: Condition | None = None
     written_at: float = float("-inf")  # monotonic; the next heartbeat is due interval_s on
     followed_at: float = field(default_factory=time.monotonic)
-    answer: pb.GetNodeResponse | None = None  # the heartbeat's GetNode
-    failure: str = ""  # why the heartbeat's GetNode failed; "" when it answered
     missing: bool = False  # the node is 404 (logged once)
 
 
@@ -169,9 +165,7 @@ class _Publisher:
             return  # not connected yet: a restart of this side must not flap every node
         due = started - published.written_at >= self._interval_s
         try:
-            if due:
-                published.answer, published.failure = await _probe(entry)
-            snapshot, error = _newest(entry, published)
+            snapshot, error = _newest(entry)
             labels, condition = node_state(
                 name, snapshot, error, self._rules, now=_now(), previous=published.condition
             )
@@ -224,31 +218,11 @@ class _Publisher:
         published.missing = False
 
 
-async def _probe(entry: NodeEntry) -> tuple[pb.GetNodeResponse | None, str]:
-    """The agent's answer now, through the cache's connection (None and why if none)."""
-    link = entry.link
-    if link is None:
+def _newest(entry: NodeEntry) -> tuple[pb.GetNodeResponse | None, str]:
+    """The agent's last answer, or None and why while the cache has no live one."""
+    if entry.link is None or entry.stale or entry.snapshot is None:
         return None, entry.error or "not connected"
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S):
-            return await link.get_node(), ""
-    except grpc.aio.AioRpcError as exc:
-        return None, f"{exc.code().name}: {exc.details()}"
-    except (grpc.aio.UsageError, OSError, TimeoutError) as exc:
-        return None, str(exc) or type(exc).__name__
-
-
-def _newest(entry: NodeEntry, published: _Published) -> tuple[pb.GetNodeResponse | None, str]:
-    """The newest answer known: the heartbeat's or the cache's; none while the heartbeat
-    failed (until the next one) or the cache lost its connection."""
-    if published.failure:
-        return None, published.failure
-    if entry.link is None:
-        return None, entry.error or "not connected"
-    cached, answer = entry.snapshot, published.answer
-    if answer is None or (cached is not None and cached.taken_at > answer.taken_at):
-        return cached, entry.error
-    return answer, ""
+    return entry.snapshot, ""
 
 
 def _same_status(published: _Published, labels: Labels, condition: Condition) -> bool:
