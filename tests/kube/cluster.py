@@ -267,6 +267,14 @@ class LoopbackCluster:
         self.webhook_url = f"https://127.0.0.1:{side.webhook_port}"
         return side
 
+    async def replace_cluster_side(self, scheduler: SchedulerStandIn) -> ClusterSide:
+        """A new cluster side in this process, as the Deployment starts one after a crash,
+        with the scheduler pointed at its extender."""
+        side = await self.start_cluster_side()
+        scheduler.extender_url = self.extender_url
+        side.cache.set_targets({n.name: n.target for n in self.nodes.values()})
+        return side
+
     async def stop_cluster_side(self) -> None:
         if self.side is not None:
             await self.side.aclose()

@@ -74,9 +74,7 @@ async def test_the_cluster_side_killed_mid_bind_leaks_nothing_after_the_reconcil
         c.api_server.delete_pod("team-a", "orphan")  # kubectl delete while nobody watches
         assert [x for x in await live_leases(c) if x[2] == leaked]  # the lease is still held
 
-        side = await c.start_cluster_side()  # the replacement, as the Deployment starts one
-        scheduler.extender_url = c.extender_url
-        side.cache.set_targets({n.name: n.target for n in c.nodes.values()})
+        await c.replace_cluster_side(scheduler)
         await eventually(lambda: c.api_server.pod("team-a", "orphan") is None, 60)
         for _ in range(300):
             if not await live_leases(c):
@@ -102,9 +100,7 @@ async def test_a_pod_whose_bind_died_gets_the_same_lease_from_the_next_cluster_s
         c.side_process.wait(timeout=30)
         held.release.set()
 
-        side = await c.start_cluster_side()
-        scheduler.extender_url = c.extender_url
-        side.cache.set_targets({n.name: n.target for n in c.nodes.values()})
+        await c.replace_cluster_side(scheduler)
         await eventually(lambda: running(c, "team-a", "retried"), 60)
         assert await lease_of_pod(c, "retried") == (node, granted)  # same request id
         assert c.kubelets is not None
