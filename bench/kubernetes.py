@@ -420,11 +420,12 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     async with loopback_cluster(
         root,
         nodes=args.nodes,
+        cluster_side=args.cluster_side,
         scheduler=False,
         agent_args=AGENT_ARGS,
         start_timeout_s=30.0 * args.nodes,  # 16 agents starting at once on 2 cores
     ) as (cluster, _):
-        assert cluster.kubelets is not None and cluster.side is not None
+        assert cluster.kubelets is not None
         scheduler = TimedScheduler(
             cluster.api_server.url,
             cluster.extender_url,
@@ -457,7 +458,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             done_at = time.monotonic()
             bench.stop.set()  # the probe's own leases end with it
             await asyncio.gather(*beside[1:3], return_exceptions=True)  # probe, sampler
-            options = cluster.side.options
+            options = cluster.options()  # the same intervals in both kinds of cluster side
             await asyncio.sleep(2 * (options.lease_grace_s + options.reconcile_interval_s))
             leases = await bench.live_leases()
             left = [key for (ns, key) in cluster.api_server.objects["pods"] if ns == NAMESPACE]
@@ -548,8 +549,15 @@ def main() -> None:
     )
     parser.add_argument("--window", type=int, default=64, help="pods waiting unbound at most")
     parser.add_argument("--bind-deadline-s", type=float, default=120.0)
-    parser.add_argument("--probe-s", type=float, default=0.02, help="between Admit probes")
-    parser.add_argument("--sample-s", type=float, default=0.5, help="between ledger samples")
+    parser.add_argument("--probe-s", type=float, default=0.1, help="between Admit probes")
+    parser.add_argument("--sample-s", type=float, default=1.0, help="between ledger samples")
+    parser.add_argument(
+        "--cluster-side",
+        choices=("process", "inline"),
+        default="process",
+        help="gpushare kube serve as its own process (the default, as deployed), or in "
+        "the harness's process and event loop",
+    )
     parser.add_argument("--progress-s", type=float, default=5.0)
     parser.add_argument("--webhook", action="store_true", help="create through the webhook")
     parser.add_argument("--seed", type=int, default=1)

@@ -1,14 +1,17 @@
 """The extender's bind: the node's agent decides (``Admit``, or ``Reserve`` then
-``Commit`` for a gang, with the pod UID as request id), the pod is annotated with its
-lease, then bound. Any failure gives back what was taken (``Release``, ``Abort``) and
-leaves the pod unbound, so the scheduler tries again.
+``Commit`` for a gang, with the pod UID as request id), then the pod is bound with its
+lease as an annotation of the Binding (the API server copies a Binding's annotations onto
+the pod, so the lease and the node are set in one write). Any failure gives back what was
+taken (``Release``, ``Abort``) and leaves the pod unbound, so the scheduler tries again.
 
 The kubelet's ``Allocate`` does not say which pod it is for; the agent pairs each with the
-oldest lease of a pod not yet allocated. So on each node the binds are held in order: a
-pod is bound only once the kubelet has allocated the previous one there (the agent's
-``lease.allocated`` event) or that hold has expired (``hold_s``; the agent skips holds
-older than that). A pairing that still goes wrong is caught on the node by the
-PodResources check and refused at PreStartContainer.
+oldest lease of a pod not yet allocated. So each node has a line: a pod is admitted and
+bound only once the pod before it in the line has been allocated by the kubelet (the
+agent's ``lease.allocated`` event), its bind has failed, or its hold has expired
+(``hold_s``; the agent skips holds older than that). A pod is admitted only when its turn
+comes, so its hold starts just before its Binding, however long the line. A pairing that
+still goes wrong is caught on the node by the PodResources check and refused at
+PreStartContainer.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import ENDED_REQUEST_ID_HINT
 from agent.kube.annotations import LEASE_ANNOTATION, AnnotationError, PodAsk, parse_ask
 from agent.kube.cache import AgentCache
-from agent.kube.port import KubeApi, KubeError, NotFound, Obj
+from agent.kube.line import Line, Turn, until_either
+from agent.kube.port import Conflict, KubeApi, KubeError, NotFound, Obj
 from agent.kube.views import lease_of, pod_request_id
 
 log = logging.getLogger(__name__)
@@ -36,6 +40,9 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_IDS = 8  # request ids tried in one bind
 ATTEMPTS_KEPT = 10_000
 PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
+
+# the pod of this UID as an informer last saw it, or None (then it is read from the API)
+PodLookup = Callable[[str], Obj | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +59,8 @@ class Gang:
     members: dict[str, tuple[str, pb.Lease]] = field(default_factory=dict)  # uid -> node, lease
     done: asyncio.Event = field(default_factory=asyncio.Event)
     failed: str = ""
-    # after the commit: per node, the members' lease ids in the agent's allocation order
-    order: dict[str, list[str]] = field(default_factory=dict)
-    turn: asyncio.Condition = field(default_factory=asyncio.Condition)
+    # after the commit: each member's place in its node's line, by lease id
+    turns: dict[str, Turn] = field(default_factory=dict)
 
 
 class BindError(Exception):
@@ -68,14 +74,15 @@ class Binder:
         cache: AgentCache,
         options: BindOptions = BindOptions(),
         *,
+        pods: PodLookup | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
         self._cache = cache
         self._options = options
+        self._pods = pods
         self._clock = clock
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._last_bound: dict[str, str] = {}  # node -> lease id bound last, maybe not allocated
+        self._lines: dict[str, Line] = {}
         self._gangs: dict[str, Gang] = {}
         self._attempts: dict[str, int] = {}  # pod uid -> its request id's attempt, newest last
         self.queued: Counter[str] = Counter()  # node -> binds to it in progress or waiting
@@ -83,7 +90,7 @@ class Binder:
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Bind the pod to ``node`` under a lease; "" on success, else why not."""
         try:
-            pod = await self._api.get_pod(namespace, name)
+            pod = await self._pod(namespace, name, uid)
             if uid and pod["metadata"].get("uid") != uid:
                 return f"pod {namespace}/{name} is not the one scheduled (uid changed)"
             if bound := (pod.get("spec") or {}).get("nodeName"):
@@ -92,10 +99,11 @@ class Binder:
                 # would touch it
                 return "" if bound == node else f"pod {namespace}/{name} is bound to {bound}"
             ask = parse_ask(pod)
-            if ask.gang_id:
-                await self._bind_gang_member(pod, ask, node)
-            else:
-                await self._bind_one(pod, ask, node)
+            with self._queued(node):
+                if ask.gang_id:
+                    await self._bind_gang_member(pod, ask, node)
+                else:
+                    await self._bind_one(pod, ask, node)
         except (BindError, AnnotationError) as exc:
             log.info("bind %s/%s on %s: %s", namespace, name, node, exc)
             return str(exc)
@@ -103,64 +111,115 @@ class Binder:
             return f"pod {namespace}/{name} is gone"
         return ""
 
+    async def _pod(self, namespace: str, name: str, uid: str) -> Obj:
+        """The pod as the informer has it (no read per bind), else as the API has it. A
+        stale view is safe: a pod bound meanwhile makes the Binding a 409, handled there."""
+        known = self._pods(uid) if self._pods is not None and uid else None
+        meta = (known or {}).get("metadata") or {}
+        if known is not None and (meta.get("namespace"), meta.get("name")) == (namespace, name):
+            return known
+        return await self._api.get_pod(namespace, name)
+
     # -- one pod ---------------------------------------------------------------------------
 
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
         link = self._link(node)
-        with self._queued(node):
-            async with self._lock(node):
-                fields = request_fields(pod, ask)
-                answer = await self._granted(
-                    node,
-                    pod,
-                    lambda request_id: link.admit(**{**fields, "request_id": request_id}),
-                )
-                if not answer.decision.admitted:
-                    raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
-                await self._place(
-                    pod, node, answer.lease, undo=lambda: link.release(answer.lease.lease_id)
-                )
+        fields = request_fields(pod, ask)
+        line = self._line(node)
+        turn = line.join()
+        try:
+            await self._wait_turn(node, turn)
+            line.start(turn)
+            answer = await self._granted(
+                node,
+                pod,
+                lambda request_id: link.admit(**{**fields, "request_id": request_id}),
+            )
+            if not answer.decision.admitted:
+                raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
+        except BaseException:
+            line.end(turn, "", self._clock())
+            raise
+        lease_id = answer.lease.lease_id
+        await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
 
     async def _place(
-        self, pod: Obj, node: str, lease: pb.Lease, *, undo: Callable[[], Any]
+        self,
+        pod: Obj,
+        node: str,
+        lease: pb.Lease,
+        turn: Turn,
+        *,
+        undo: Callable[[], Any],
     ) -> None:
-        """Annotate, wait until the pod bound before on the node is allocated, and bind;
-        on any failure give the lease back and say why.
-
-        The lease may be granted and the pod annotated while the previous pod's Allocate is
-        still on its way (the agent hands that Allocate the older lease, the previous
-        pod's); only the Binding, which lets the kubelet allocate this pod, has to wait."""
+        """Bind (the pod before this one in the line is done) with the lease as the
+        Binding's annotation; on any failure give the lease back and say why. The turn
+        ends in every case, after the lease is given back: until then the agent may still
+        hand it to the kubelet."""
         self._cache.add_pending(node, lease_of(lease))
         meta = pod["metadata"]
+        bound_with = ""
         try:
-            await self._api.patch_pod(
+            await self._api.bind_pod(
                 meta["namespace"],
                 meta["name"],
-                {"metadata": {"annotations": {LEASE_ANNOTATION: lease.lease_id}}},
-            )
-            await self._wait_previous(node)
-            await self._api.bind_pod(meta["namespace"], meta["name"], meta["uid"], node)
-        except KubeError as exc:
-            self._cache.drop_pending(node, lease.lease_id)
-            try:
-                await undo()
-            except grpc.aio.AioRpcError as undo_exc:  # the controller's reconcile ends it
-                log.warning(
-                    "lease %s not given back after a failed bind: %s", lease.lease_id, undo_exc
-                )
-            raise BindError(f"binding to {node} failed: {exc}") from exc
-        self._last_bound[node] = lease.lease_id
-
-    async def _wait_previous(self, node: str) -> None:
-        previous = self._last_bound.pop(node, None)
-        if previous is not None and not await self._cache.wait_allocated(
-            node, previous, self._options.hold_s
-        ):
-            log.warning(
-                "lease %s on %s was not allocated within %.0f s",
-                previous,
+                meta["uid"],
                 node,
-                self._options.hold_s,
+                annotations={LEASE_ANNOTATION: lease.lease_id},
+            )
+            bound_with = lease.lease_id
+        except Conflict as exc:
+            if not await self._bound_already(meta, node):
+                await self._give_back(node, lease, undo)
+                raise BindError(f"binding to {node} failed: {exc}") from exc
+        except KubeError as exc:
+            await self._give_back(node, lease, undo)
+            raise BindError(f"binding to {node} failed: {exc}") from exc
+        finally:
+            self._line(node).end(turn, bound_with, self._clock())
+
+    async def _bound_already(self, meta: Obj, node: str) -> bool:
+        """After a 409: the pod was bound to ``node`` already (a bind sent again, seen
+        unbound by a stale view), so its lease is in use and stays."""
+        try:
+            pod = await self._api.get_pod(meta["namespace"], meta["name"])
+        except KubeError:
+            return False
+        same = pod["metadata"].get("uid") == meta["uid"]
+        return same and (pod.get("spec") or {}).get("nodeName") == node
+
+    async def _give_back(self, node: str, lease: pb.Lease, undo: Callable[[], Any]) -> None:
+        self._cache.drop_pending(node, lease.lease_id)
+        try:
+            await undo()
+        except grpc.aio.AioRpcError as exc:  # the controller's reconcile ends it
+            log.warning("lease %s not given back after a failed bind: %s", lease.lease_id, exc)
+
+    async def _wait_turn(self, node: str, turn: Turn) -> None:
+        """Until the turn before ``turn`` is over: its bind ended and, if it bound a pod,
+        the kubelet allocated that pod's lease (at most ``hold_s`` for each). When a gang
+        goes in ahead meanwhile, wait for its last member instead."""
+        while (previous := turn.previous) is not None:
+            turn.moved.clear()
+            await self._wait_over(node, previous, turn.moved)
+            if turn.previous is previous and not turn.moved.is_set():
+                return
+
+    async def _wait_over(self, node: str, previous: Turn, moved: asyncio.Event) -> None:
+        hold_s = self._options.hold_s
+        await until_either(previous.ended.wait(), moved, hold_s)
+        if moved.is_set():
+            return
+        if not previous.ended.is_set():
+            log.warning("the bind before this one on %s did not end within %.0f s", node, hold_s)
+            return
+        if not previous.lease_id:
+            return
+        left_s = max(hold_s - (self._clock() - previous.ended_at), 0.0)
+        allocated = self._cache.wait_allocated(node, previous.lease_id, left_s)
+        if not await until_either(allocated, moved, left_s + 1.0) and not moved.is_set():
+            log.warning(
+                "lease %s on %s was not allocated within %.0f s", previous.lease_id, node, hold_s
             )
 
     # -- gangs -----------------------------------------------------------------------------
@@ -190,31 +249,25 @@ class Binder:
         await self._wait_gang(gang)
         if gang.failed:
             raise BindError(gang.failed)
-        await self._bind_in_turn(gang, pod, node, answer.lease, link)
-
-    async def _bind_in_turn(
-        self, gang: Gang, pod: Obj, node: str, lease: pb.Lease, link: Any
-    ) -> None:
-        """Bind when this member is first in its node's order. The commit took the node's
-        lock, so no other pod binds there in between; the last member gives it back."""
-        async with gang.turn:
-            await gang.turn.wait_for(lambda: gang.order[node][0] == lease.lease_id)
+        turn = gang.turns[answer.lease.lease_id]
+        lease_id = answer.lease.lease_id
+        line = self._line(node)
         try:
-            with self._queued(node):
-                await self._place(pod, node, lease, undo=lambda: link.release(lease.lease_id))
-        finally:
-            async with gang.turn:
-                gang.order[node].pop(0)
-                if not gang.order[node]:
-                    self._lock(node).release()
-                gang.turn.notify_all()
+            await self._wait_turn(node, turn)
+            line.start(turn)
+        except BaseException:
+            line.end(turn, "", self._clock())
+            raise
+        await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
 
     async def _wait_gang(self, gang: Gang) -> None:
         left = gang.deadline - self._clock()
         try:
             await asyncio.wait_for(gang.done.wait(), max(left, 0.0))
         except TimeoutError:
-            if not gang.done.is_set():
+            if gang.turns:  # the commit is under way: it ends (within the holds) either way
+                await gang.done.wait()
+            elif not gang.done.is_set():
                 gang.failed = (
                     f"gang {gang.key}: {len(gang.members)} of {gang.size} members reserved "
                     f"within {self._options.gang_ttl_s:.0f} s: aborted"
@@ -223,30 +276,34 @@ class Binder:
                 gang.done.set()
 
     async def _commit(self, gang: Gang) -> None:
-        """Commit on every node of the gang while holding those nodes' locks (in name
-        order: no deadlock), which its members' binds give back."""
-        nodes = sorted({node for node, _ in gang.members.values()})
-        for node in nodes:
-            await self._lock(node).acquire()
+        """Put the members in their nodes' lines (in lease age order) right after the pod
+        admitted last there, wait until that pod is allocated, then commit on every node.
+
+        The members were reserved before that pod was admitted, so once committed they
+        are older than its lease: the agent hands the next Allocate the oldest admitted
+        lease not yet allocated, and that pod's Allocate would get a member's lease. The
+        pods still waiting in the line are not admitted yet: they go after the members.
+        If the commit fails, the members leave the lines at once."""
+        by_node: dict[str, list[pb.Lease]] = {}
+        for node, lease in sorted(gang.members.values(), key=lambda m: m[1].created_at):
+            by_node.setdefault(node, []).append(lease)
+        for node, leases in by_node.items():
+            turns = self._line(node).join_front(len(leases))
+            gang.turns.update(zip((x.lease_id for x in leases), turns, strict=True))
         try:
-            for node in nodes:
-                # The members were reserved before the pod bound last on the node was
-                # admitted, so once committed they are older than its lease: the agent hands
-                # the next Allocate the oldest admitted lease not yet allocated, and that
-                # pod's Allocate would get a member's lease. Commit once it is allocated.
-                await self._wait_previous(node)
-            for node in nodes:  # a commit that fails is FAILED_PRECONDITION: a BindError
+            for node, leases in sorted(by_node.items()):
+                await self._wait_turn(node, gang.turns[leases[0].lease_id])
+            for node in sorted(by_node):  # a commit that fails is FAILED_PRECONDITION
                 await _agent_call(node, self._link(node).commit(gang.key))
         except BindError as exc:
             gang.failed = str(exc)
             await self._abort(gang)
-            for node in nodes:
-                self._lock(node).release()
-        else:
-            for node in nodes:
-                leases = [x for n, x in gang.members.values() if n == node]
-                gang.order[node] = [x.lease_id for x in sorted(leases, key=lambda x: x.created_at)]
-        gang.done.set()
+        finally:
+            if gang.failed:
+                for node, leases in by_node.items():
+                    for lease in leases:
+                        self._line(node).end(gang.turns[lease.lease_id], "", self._clock())
+            gang.done.set()
 
     async def _abort(self, gang: Gang) -> None:
         for node in sorted({node for node, _ in gang.members.values()}):
@@ -290,8 +347,8 @@ class Binder:
             if not self.queued[node]:
                 del self.queued[node]
 
-    def _lock(self, node: str) -> asyncio.Lock:
-        return self._locks.setdefault(node, asyncio.Lock())
+    def _line(self, node: str) -> Line:
+        return self._lines.setdefault(node, Line())
 
     def _link(self, node: str) -> Any:
         link = self._cache.link(node)

@@ -18,7 +18,7 @@ from agent.admission.policy import DeviceView
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease
 from agent.kube.agents import AgentLink, Connect
-from agent.kube.views import device_views
+from agent.kube.views import device_views, pod_uid_of
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class NodeEntry:
     allocated: dict[str, asyncio.Event] = field(default_factory=dict)
     allocated_ids: dict[str, None] = field(default_factory=dict)  # newest last, bounded
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    # the views of the last (snapshot, pending) seen, and the pod UIDs with a lease there
+    views: tuple[object, int, list[DeviceView], frozenset[str]] | None = None
+    pending_version: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -88,7 +91,16 @@ class AgentCache:
         entry = self.nodes.get(node)
         if entry is None or entry.snapshot is None or entry.link is None or entry.stale:
             return None
-        return device_views(entry.snapshot, entry.pending.values(), without_request=without_request)
+        cached = entry.views
+        if cached is None or cached[0] is not entry.snapshot or cached[1] != entry.pending_version:
+            views = device_views(entry.snapshot, entry.pending.values())
+            pods = frozenset(pod_uid_of(x.request_id) for v in views for x in v.leases)
+            cached = entry.views = (entry.snapshot, entry.pending_version, views, pods)
+        if without_request and without_request in cached[3]:
+            return device_views(
+                entry.snapshot, entry.pending.values(), without_request=without_request
+            )
+        return cached[2]
 
     def why_unknown(self, node: str) -> str:
         entry = self.nodes.get(node)
@@ -103,11 +115,13 @@ class AgentCache:
     def add_pending(self, node: str, lease: Lease) -> None:
         if (entry := self.nodes.get(node)) is not None:
             entry.pending[lease.lease_id] = lease
+            entry.pending_version += 1
             entry.dirty.set()
 
     def drop_pending(self, node: str, lease_id: str) -> None:
         if (entry := self.nodes.get(node)) is not None:
             entry.pending.pop(lease_id, None)
+            entry.pending_version += 1
             entry.dirty.set()
 
     async def wait_allocated(self, node: str, lease_id: str, timeout_s: float) -> bool:
@@ -186,6 +200,7 @@ class AgentCache:
             shown = {x.lease_id for x in snapshot.leases}
             for lease_id in [x for x in entry.pending if x in shown]:
                 del entry.pending[lease_id]
+                entry.pending_version += 1
             log.debug(
                 "agent %s refreshed in %.1f ms", entry.node_name, 1e3 * (time.monotonic() - started)
             )

@@ -87,6 +87,10 @@ class LeaseController:
                 continue
             await self.handle(change.obj, deleted=change.kind == "DELETED")
 
+    def pod(self, uid: str) -> Obj | None:
+        """The pod of this UID as the watch last showed it (None: not seen or gone)."""
+        return self.pods.get(uid)
+
     async def relist(self) -> str:
         listing = await self._api.list_pods(field_selector=_MINE)
         self.pods = {p["metadata"]["uid"]: p for p in listing.items}

@@ -76,10 +76,11 @@ class Extender:
         return {"nodenames": [n for n in names if n in decided], "failedNodes": failed}
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Best-fit across nodes: the fuller the chosen device would be, the higher; less
-        one per bind to the node in progress or waiting. A node's binds go one at a time
-        (each waits for the previous pod's Allocate), so a burst of pods spreads over the
-        nodes instead of queueing behind one; with no bind under way it is plain best-fit."""
+        """Best-fit across the idle nodes: the fuller the chosen device would be, the
+        higher (1 to 10). A node with a bind in progress or waiting scores 0: its binds go
+        one at a time (each waits for the previous pod's Allocate), so a burst of pods
+        spreads over the idle nodes instead of queueing behind one; when every node that
+        fits is busy, they tie and kube-scheduler picks one at random."""
         names = _node_names(args)
         try:
             decided, _ = self.decisions(args.get("pod") or {}, names)
@@ -87,7 +88,7 @@ class Extender:
             return [{"Host": n, "Score": 0} for n in names]
         queued = self.binder.queued
         return [
-            {"Host": n, "Score": max(0, self._score(n, decided.get(n)) - queued[n])} for n in names
+            {"Host": n, "Score": 0 if queued[n] else self._score(n, decided.get(n))} for n in names
         ]
 
     def _score(self, node: str, decision: Decision | None) -> int:
@@ -99,7 +100,7 @@ class Extender:
             return 0
         view = chosen[0]
         left = max(memory_left_bytes(view, self.rules), 0) / view.device.memory_bytes
-        return round(MAX_SCORE * (1.0 - left))
+        return 1 + round((MAX_SCORE - 1) * (1.0 - left))
 
     async def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
         error = await self.binder.bind(

@@ -66,8 +66,17 @@ class KubeApi(Protocol):
         self, namespace: str, name: str, patch: Obj | list[Obj], *, kind: PatchKind = "merge"
     ) -> Obj: ...
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node_name: str) -> None:
-        """POST the pod's ``binding`` subresource (409 if it is bound already)."""
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node_name: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """POST the pod's ``binding`` subresource (409 if it is bound already); the API
+        server copies the Binding's ``annotations`` onto the pod in the same write."""
         ...
 
     async def patch_node(self, name: str, patch: Obj) -> Obj:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, cast
 
 import aiohttp
@@ -277,10 +277,20 @@ class RestKubeApi:
             _content_type=PATCH_CONTENT_TYPES[kind],
         )
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node_name: str) -> None:
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node_name: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         metadata: Obj = {"name": name, "namespace": namespace}
         if uid:
             metadata["uid"] = uid  # a precondition: a new pod of the same name is not bound
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",

@@ -109,13 +109,14 @@ class ClusterSide:
         self.api = api
         self.options = options
         self.cache = AgentCache(connector(options))
-        self.binder = Binder(api, self.cache, options.bind)
         self.controller = LeaseController(
             api,
             self.cache,
             reconcile_interval_s=options.reconcile_interval_s,
             grace_s=options.lease_grace_s,
         )
+        # the binder reads a pod from the controller's informer, not from the API per bind
+        self.binder = Binder(api, self.cache, options.bind, pods=self.controller.pod)
         self.extender = Extender(self.cache, self.binder, options.rules)
         self.extender_port = 0
         self.webhook_port = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.admission.policy import DeviceView
+from agent.admission.policy import DeviceView, Tally
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device, PriorityClass, ReasonCode, SharingMode
@@ -77,12 +77,15 @@ def device_views(
     views = []
     for message in node.devices:
         entry = closed.get(message.uuid)
+        leases = tuple(by_device[message.uuid])
         views.append(
             DeviceView(
                 device_of(message),
-                tuple(by_device[message.uuid]),
+                leases,
                 closed=ReasonCode(entry.closed) if entry is not None else None,
                 closed_detail=entry.closed_detail if entry is not None else "",
+                tally=Tally.of(leases),  # summed once: the view is read for many pods
+                domains=frozenset(x.trust_domain for x in leases),
             )
         )
     return views

@@ -30,8 +30,19 @@ def become_subreaper() -> bool:
         return False
 
 
+def any_child_exited() -> bool:
+    """Whether some child has exited and is not collected yet, without collecting it: one
+    ``waitid`` call instead of a scan of every process on the node."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # no children at all
+        return False
+
+
 def reap_orphans() -> list[int]:
     """Collect exited children that no one else waits for. Returns their PIDs."""
+    if not any_child_exited():
+        return []
     reaped = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):

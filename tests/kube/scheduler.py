@@ -104,7 +104,14 @@ class SchedulerStandIn:
                 await asyncio.sleep(self.retry_s)
 
     async def schedule(self, pod: dict[str, Any]) -> str | None:
-        """One scheduling cycle of one pod: the node it was bound to, or None."""
+        """One scheduling cycle of one pod, then its binding cycle: the node it was bound
+        to, or None."""
+        node = await self.choose(pod)
+        return None if node is None else await self.bind(pod, node)
+
+    async def choose(self, pod: dict[str, Any]) -> str | None:
+        """The scheduling cycle: filter and prioritize through the extender, then one of
+        the best nodes (None, with a FailedScheduling event, when none fits)."""
         meta = pod["metadata"]
         self.attempts[meta["uid"]] += 1
         args = {"pod": pod, "nodenames": self.nodes}
@@ -126,7 +133,11 @@ class SchedulerStandIn:
         by_node = {s["Host"]: s["Score"] for s in scores}
         top = max(by_node.get(n, 0) for n in feasible)
         # kube-scheduler's selectHost: one of the highest scored nodes, at random
-        node: str = random.choice([n for n in feasible if by_node.get(n, 0) == top])
+        return str(random.choice([n for n in feasible if by_node.get(n, 0) == top]))
+
+    async def bind(self, pod: dict[str, Any], node: str) -> str | None:
+        """The binding cycle: the extender's bind; the node, or None when refused."""
+        meta = pod["metadata"]
         binding = {
             "PodName": meta["name"],
             "PodNamespace": meta["namespace"],
@@ -158,15 +169,18 @@ class SchedulerStandIn:
         await self._post(f"{self.api_url}/api/v1/namespaces/{meta['namespace']}/events", event)
 
     async def run(self, *, concurrency: int = 16) -> None:
-        """Schedule pending pods until cancelled; binding cycles run side by side, as
-        kube-scheduler's do."""
+        """Schedule pending pods until cancelled: at most ``concurrency`` scheduling
+        cycles at once (kube-scheduler runs one, this stand-in's calls are slower), each
+        pod's binding cycle after it without a limit, as kube-scheduler's run."""
         busy: set[str] = set()
         limit = asyncio.Semaphore(concurrency)
 
         async def cycle(pod: dict[str, Any]) -> None:
             try:
                 async with limit:
-                    await self.schedule(pod)
+                    node = await self.choose(pod)
+                if node is not None:
+                    await self.bind(pod, node)
             except aiohttp.ClientError:  # the extender is down: kube-scheduler retries
                 pass
             finally:

@@ -17,7 +17,7 @@ from tests.kube.test_end_to_end import LEASE, live_leases, running
 
 pytestmark = pytest.mark.timeout(240)
 
-BIND_PATCH = r"^/api/v1/namespaces/team-a/pods/{name}$"  # the binder's annotation write
+BINDING = r"^/api/v1/namespaces/team-a/pods/{name}/binding$"  # the binder's one write
 
 
 @pytest.fixture
@@ -37,9 +37,9 @@ async def test_an_agent_killed_and_restarted_during_a_bind_keeps_the_lease_it_gr
     root: Path,
 ) -> None:
     async with loopback_cluster(root, nodes=2) as (c, _):
-        held = c.api_server.hold_next("PATCH", BIND_PATCH.format(name="train-0"))
+        held = c.api_server.hold_next("POST", BINDING.format(name="train-0"))
         await c.apply(gpu_pod("train-0", memory="5Gi"))
-        await eventually(held.arrived.is_set)  # admitted; the pod not annotated nor bound
+        await eventually(held.arrived.is_set)  # admitted; the pod not bound
         node_name, lease_id = await lease_of_pod(c, "train-0")
         node = c.nodes[node_name]
         node.kill()
@@ -63,7 +63,7 @@ async def test_the_cluster_side_killed_mid_bind_leaks_nothing_after_the_reconcil
 ) -> None:
     async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
         assert scheduler is not None and c.side_process is not None
-        held = c.api_server.hold_next("PATCH", BIND_PATCH.format(name="orphan"))
+        held = c.api_server.hold_next("POST", BINDING.format(name="orphan"))
         await c.api_server_create(gpu_pod("orphan", memory="3Gi", threads="20"))
         await eventually(held.arrived.is_set)
         node, leaked = await lease_of_pod(c, "orphan")
@@ -92,7 +92,7 @@ async def test_a_pod_whose_bind_died_gets_the_same_lease_from_the_next_cluster_s
 ) -> None:
     async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
         assert scheduler is not None and c.side_process is not None
-        held = c.api_server.hold_next("PATCH", BIND_PATCH.format(name="retried"))
+        held = c.api_server.hold_next("POST", BINDING.format(name="retried"))
         await c.api_server_create(gpu_pod("retried"))
         await eventually(held.arrived.is_set)
         node, granted = await lease_of_pod(c, "retried")

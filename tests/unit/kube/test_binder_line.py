@@ -1,0 +1,293 @@
+"""The binder's per-node line, with writes held and released: a pod is admitted and bound
+only once the pod before it on the node was allocated by the kubelet, its bind failed, or
+its hold expired; a gang's members bind in lease age order before pods that came later."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from agent.api.proto import agent_pb2 as pb
+from agent.kube.annotations import LEASE_ANNOTATION
+from agent.kube.binder import Binder, BindOptions
+from agent.kube.port import Conflict, KubeError, NotFound, Obj
+
+NS = "team"
+
+
+def pod(name: str, *, gang: str = "", size: int = 0, node: str = "") -> Obj:
+    annotations = {"gpushare.io/memory": "1Gi", "gpushare.io/threads": "10"}
+    if gang:
+        annotations |= {"gpushare.io/gang": gang, "gpushare.io/gang-size": str(size)}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "annotations": annotations,
+        },
+        "spec": {
+            "containers": [{"name": "main", "resources": {"limits": {"gpushare.io/share": 1}}}],
+            **({"nodeName": node} if node else {}),
+        },
+    }
+
+
+class Api:
+    """The pods, and Bindings that wait while ``held`` is clear when asked to."""
+
+    def __init__(self, *pods: Obj) -> None:
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+        self.bindings: list[tuple[str, str, dict[str, str]]] = []  # pod, node, annotations
+        self.hold = False
+        self.released = asyncio.Event()
+        self.fail: dict[str, KubeError] = {}
+
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        if name not in self.pods:
+            raise NotFound(404, "NotFound", name)
+        return self.pods[name]
+
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, *, annotations: Any = None
+    ) -> None:
+        if self.hold:
+            await self.released.wait()
+        if name in self.fail:
+            raise self.fail[name]
+        self.bindings.append((name, node, dict(annotations or {})))
+        self.pods[name]["spec"]["nodeName"] = node
+
+
+class Link:
+    """An agent: every call is recorded in ``calls``, in order."""
+
+    def __init__(self, calls: list[str], clock: itertools.count[int]) -> None:
+        self.calls = calls
+        self.clock = clock
+        self.leases: dict[str, pb.Lease] = {}  # request id -> lease
+
+    def _lease(self, request_id: str) -> pb.AdmitResponse:
+        lease = self.leases.setdefault(
+            request_id,
+            pb.Lease(
+                lease_id=f"L-{request_id}",
+                request_id=request_id,
+                created_at=next(self.clock),
+                priority="burstable",
+                state="admitted",
+            ),
+        )
+        return pb.AdmitResponse(decision=pb.Decision(admitted=True), lease=lease)
+
+    async def admit(self, **fields: Any) -> pb.AdmitResponse:
+        self.calls.append(f"admit {fields['pod']}")
+        return self._lease(fields["request_id"])
+
+    async def reserve(self, key: str, *, ttl_s: float, **fields: Any) -> pb.AdmitResponse:
+        self.calls.append(f"reserve {fields['pod']}")
+        return self._lease(fields["request_id"])
+
+    async def commit(self, key: str) -> None:
+        self.calls.append(f"commit {key}")
+
+    async def abort(self, key: str) -> None:
+        self.calls.append(f"abort {key}")
+
+    async def release(self, lease_id: str) -> None:
+        self.calls.append(f"release {lease_id}")
+
+
+class Cache:
+    """The agents' cache as the binder uses it: ``allocate`` plays the kubelet."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.calls: list[str] = []
+        clock = itertools.count(1)
+        self.links = {n: Link(self.calls, clock) for n in nodes}
+        self.allocated: dict[str, asyncio.Event] = {}
+
+    def link(self, node: str) -> Link | None:
+        return self.links.get(node)
+
+    def why_unknown(self, node: str) -> str:
+        return "no agent"
+
+    def add_pending(self, node: str, lease: Any) -> None:
+        pass
+
+    def drop_pending(self, node: str, lease_id: str) -> None:
+        pass
+
+    def allocate(self, lease_id: str) -> None:
+        self.calls.append(f"allocated {lease_id}")
+        self.allocated.setdefault(lease_id, asyncio.Event()).set()
+
+    async def wait_allocated(self, node: str, lease_id: str, timeout_s: float) -> bool:
+        event = self.allocated.setdefault(lease_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+def binder(api: Api, cache: Cache, **options: float) -> Binder:
+    return Binder(api, cache, BindOptions(**options))  # type: ignore[arg-type]
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def until(what: Any, timeout_s: float = 2.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not what():
+            await asyncio.sleep(0.001)
+
+
+async def test_the_next_pod_is_admitted_only_after_the_previous_one_is_allocated() -> None:
+    api, cache = Api(pod("a"), pod("b")), Cache(["n1"])
+    b = binder(api, cache)
+    first = asyncio.create_task(b.bind(NS, "a", "uid-a", "n1"))
+    assert await first == ""
+    second = asyncio.create_task(b.bind(NS, "b", "uid-b", "n1"))
+    await settle()
+    assert cache.calls == ["admit team/a"]  # b waits for a's Allocate, not yet asked for
+    cache.allocate("L-uid-a")
+    assert await second == ""
+    assert cache.calls == ["admit team/a", "allocated L-uid-a", "admit team/b"]
+    # the lease goes onto the pod with the Binding itself, one write
+    assert api.bindings == [
+        ("a", "n1", {LEASE_ANNOTATION: "L-uid-a"}),
+        ("b", "n1", {LEASE_ANNOTATION: "L-uid-b"}),
+    ]
+
+
+async def test_other_nodes_do_not_wait() -> None:
+    api, cache = Api(pod("a"), pod("b")), Cache(["n1", "n2"])
+    b = binder(api, cache)
+    assert await b.bind(NS, "a", "uid-a", "n1") == ""
+    assert await asyncio.wait_for(b.bind(NS, "b", "uid-b", "n2"), 1) == ""
+
+
+async def test_a_failed_binding_gives_its_lease_back_before_the_next_pod_is_admitted() -> None:
+    api, cache = Api(pod("a"), pod("b")), Cache(["n1"])
+    api.fail["a"] = KubeError(500, "InternalError", "etcd is down")
+    api.hold = True
+    b = binder(api, cache)
+    first = asyncio.create_task(b.bind(NS, "a", "uid-a", "n1"))
+    second = asyncio.create_task(b.bind(NS, "b", "uid-b", "n1"))
+    await settle()
+    assert cache.calls == ["admit team/a"]  # a's Binding is held: b waits
+    api.released.set()
+    assert "etcd is down" in await first
+    assert await second == ""
+    assert cache.calls == ["admit team/a", "release L-uid-a", "admit team/b"]
+
+
+async def test_a_pod_not_allocated_within_its_hold_lets_the_next_one_go() -> None:
+    api, cache = Api(pod("a"), pod("b")), Cache(["n1"])
+    b = binder(api, cache, hold_s=0.2)
+    assert await b.bind(NS, "a", "uid-a", "n1") == ""
+    assert await asyncio.wait_for(b.bind(NS, "b", "uid-b", "n1"), 2) == ""
+    assert cache.calls == ["admit team/a", "admit team/b"]
+
+
+async def test_a_bind_sent_again_for_a_pod_bound_meanwhile_keeps_its_lease() -> None:
+    """The binder's view showed the pod unbound; the Binding's 409 is checked, not
+    answered by giving the lease back."""
+    stale = pod("a")
+    api, cache = Api(pod("a", node="n1")), Cache(["n1"])
+    api.fail["a"] = Conflict(409, "Conflict", 'pod a is already assigned to node "n1"')
+    b = Binder(api, cache, pods=lambda uid: stale)  # type: ignore[arg-type]
+    assert await b.bind(NS, "a", "uid-a", "n1") == ""
+    assert not [c for c in cache.calls if c.startswith("release")]
+
+
+async def test_a_conflict_on_a_pod_bound_elsewhere_releases_the_lease() -> None:
+    stale = pod("a")
+    api, cache = Api(pod("a", node="n2")), Cache(["n1"])
+    api.fail["a"] = Conflict(409, "Conflict", 'pod a is already assigned to node "n2"')
+    b = Binder(api, cache, pods=lambda uid: stale)  # type: ignore[arg-type]
+    assert "already assigned" in await b.bind(NS, "a", "uid-a", "n1")
+    assert cache.calls == ["admit team/a", "release L-uid-a"]
+
+
+async def test_the_pod_is_read_from_the_informer_when_it_has_it() -> None:
+    api, cache = Api(), Cache(["n1"])  # the API has no such pod: only the informer does
+    known = pod("a")
+    api.pods["a"] = known
+    reads: list[str] = []
+    original = api.get_pod
+
+    async def counted(namespace: str, name: str) -> Obj:
+        reads.append(name)
+        return await original(namespace, name)
+
+    api.get_pod = counted  # type: ignore[method-assign]
+    b = Binder(api, cache, pods={"uid-a": known}.get)  # type: ignore[arg-type]
+    assert await b.bind(NS, "a", "uid-a", "n1") == ""
+    assert reads == []
+
+
+async def test_a_gang_commits_after_the_previous_pod_is_allocated_and_binds_before_later_pods() -> (
+    None
+):
+    api = Api(pod("a"), pod("g0", gang="g", size=2), pod("g1", gang="g", size=2), pod("c"))
+    cache = Cache(["n1"])
+    b = binder(api, cache)
+    assert await b.bind(NS, "a", "uid-a", "n1") == ""
+    g0 = asyncio.create_task(b.bind(NS, "g0", "uid-g0", "n1"))
+    g1 = asyncio.create_task(b.bind(NS, "g1", "uid-g1", "n1"))
+    await settle()
+    later = asyncio.create_task(b.bind(NS, "c", "uid-c", "n1"))
+    await settle()
+    # reserved, but not committed while a's lease is not allocated: committed, the members'
+    # leases (older than a's? no: younger here, but older than any pod admitted later)
+    # must not be handed a's Allocate
+    assert cache.calls == ["admit team/a", "reserve team/g0", "reserve team/g1"]
+    cache.allocate("L-uid-a")
+    await until(lambda: len(api.bindings) == 2)
+    assert "commit team/g" in cache.calls
+    await settle()
+    assert [name for name, _, _ in api.bindings] == ["a", "g0"]  # g1 waits for g0's Allocate
+    cache.allocate("L-uid-g0")
+    await until(lambda: len(api.bindings) == 3)
+    assert [name for name, _, _ in api.bindings] == ["a", "g0", "g1"]
+    assert not later.done()  # c came after the gang: after its last member's Allocate
+    cache.allocate("L-uid-g1")
+    assert await later == ""
+    assert [await g0, await g1] == ["", ""]
+    assert [name for name, _, _ in api.bindings] == ["a", "g0", "g1", "c"]
+    assert cache.calls.index("admit team/c") > cache.calls.index("allocated L-uid-g1")
+
+
+@pytest.mark.parametrize("failure", ["commit", "binding"])
+async def test_a_failed_gang_frees_the_line(failure: str) -> None:
+    api = Api(pod("g0", gang="g", size=2), pod("g1", gang="g", size=2), pod("c"))
+    cache = Cache(["n1"])
+    if failure == "commit":
+        import grpc
+
+        async def refuse(key: str) -> None:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details="gang expired before it was committed",
+            )
+
+        cache.links["n1"].commit = refuse  # type: ignore[method-assign]
+    else:
+        api.fail["g0"] = api.fail["g1"] = KubeError(500, "InternalError", "etcd is down")
+    b = binder(api, cache, hold_s=30)
+    members = [asyncio.create_task(b.bind(NS, f"g{i}", f"uid-g{i}", "n1")) for i in range(2)]
+    results = await asyncio.wait_for(asyncio.gather(*members), 2)
+    assert all(results), results
+    # the line is free: a later pod binds at once, with no 30 s hold waited out
+    assert await asyncio.wait_for(b.bind(NS, "c", "uid-c", "n1"), 2) == ""
