@@ -3,9 +3,10 @@ loopback (tests/kube/cluster.py), with the real agents deciding.
 
 Every node is a real ``gpushare serve --sim`` process (4 simulated 80 GiB GPUs) on its own
 loopback address, its device plugin registered with a test kubelet that speaks the real
-kubelet gRPC APIs; the cluster side is the real one (extender, binder, lease controller,
-node-state publisher); kube-scheduler is played by the scheduler stand-in (filter,
-prioritize, bind through the extender); the API server is the stand-in ``FakeApiServer``.
+kubelet gRPC APIs; the cluster side is the real one, ``gpushare kube serve`` (extender,
+binder, lease controller, node-state publisher); kube-scheduler is played by the scheduler
+stand-in (filter, prioritize, bind through the extender); the API server is the stand-in
+``FakeApiServer``.
 
 Each pod asks for a random share (memory and thread annotations, a priority); a tenth are
 in gangs of four. Pods are created while at most ``--window`` of them wait unbound (a
@@ -39,7 +40,9 @@ Measured in the same run:
 Harness shortcuts a real cluster does not have: pods are created, phased and deleted by
 writes straight into the stand-in API server's store (the same events its watchers see;
 ``--webhook`` sends each pod through the webhook and an HTTP create instead); the kubelets
-start no containers; everything but the agents runs in this one process, on the same cores.
+start no containers; the API server, the scheduler stand-in and the kubelets run in this
+one process, beside ``gpushare kube serve`` (its own process; ``--cluster-side inline``
+runs it here) and the agents, on the same cores.
 
     python bench/kubernetes.py            # 16 nodes, 2,000 pods (a few minutes)
     python bench/kubernetes.py --small    # 4 nodes, 200 pods (the test's size)
