@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,11 +125,8 @@ class Binder:
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
         link = self._link(node)
         fields = request_fields(pod, ask)
-        line = self._line(node)
-        turn = line.join()
-        try:
-            await self._wait_turn(node, turn)
-            line.start(turn)
+        turn = self._line(node).join()
+        async with self._turn_taken(node, turn):
             answer = await self._granted(
                 node,
                 pod,
@@ -137,11 +134,8 @@ class Binder:
             )
             if not answer.decision.admitted:
                 raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
-        except BaseException:
-            line.end(turn, "", self._clock())
-            raise
-        lease_id = answer.lease.lease_id
-        await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
+            lease_id = answer.lease.lease_id
+            await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
 
     async def _place(
         self,
@@ -194,6 +188,20 @@ class Binder:
             await undo()
         except grpc.aio.AioRpcError as exc:  # the controller's reconcile ends it
             log.warning("lease %s not given back after a failed bind: %s", lease.lease_id, exc)
+
+    @contextlib.asynccontextmanager
+    async def _turn_taken(self, node: str, turn: Turn) -> AsyncIterator[None]:
+        """Wait for ``turn``, start it, then run the body; if anything fails before the
+        body placed the pod (:meth:`_place` ends the turn itself), the turn ends with
+        nothing bound."""
+        line = self._line(node)
+        try:
+            await self._wait_turn(node, turn)
+            line.start(turn)
+            yield
+        except BaseException:
+            line.end(turn, "", self._clock())
+            raise
 
     async def _wait_turn(self, node: str, turn: Turn) -> None:
         """Until the turn before ``turn`` is over: its bind ended and, if it bound a pod,
@@ -251,14 +259,8 @@ class Binder:
             raise BindError(gang.failed)
         turn = gang.turns[answer.lease.lease_id]
         lease_id = answer.lease.lease_id
-        line = self._line(node)
-        try:
-            await self._wait_turn(node, turn)
-            line.start(turn)
-        except BaseException:
-            line.end(turn, "", self._clock())
-            raise
-        await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
+        async with self._turn_taken(node, turn):
+            await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
 
     async def _wait_gang(self, gang: Gang) -> None:
         left = gang.deadline - self._clock()

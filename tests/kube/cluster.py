@@ -297,16 +297,8 @@ class LoopbackCluster:
             str(self.root / "agent-token"),
             "--extender-listen",
             f"127.0.0.1:{port}",
-            "--discovery-interval-s",
-            "0.5",
-            "--reconcile-interval-s",
-            "1",
-            "--hold-s",
-            "30",
-            "--gang-ttl-s",
-            "5",
-            "--lease-grace-s",
-            "2",
+            # the inline cluster side's options (node state keeps its default interval)
+            *_flags(self.options()),
         )
         with open(self.root / "cluster-side.log", "ab") as log:
             self.side_process = subprocess.Popen(
@@ -420,6 +412,17 @@ class LoopbackCluster:
             for name, node in self.nodes.items()
             if node.process is not None
         }
+
+
+def _flags(options: ClusterOptions) -> list[str]:
+    """``gpushare kube serve``'s flags for these options' intervals, hold and TTL."""
+    return [
+        *("--discovery-interval-s", str(options.discovery_interval_s)),
+        *("--reconcile-interval-s", str(options.reconcile_interval_s)),
+        *("--hold-s", str(options.bind.hold_s)),
+        *("--gang-ttl-s", str(options.bind.gang_ttl_s)),
+        *("--lease-grace-s", str(options.lease_grace_s)),
+    ]
 
 
 class Refused(Exception):

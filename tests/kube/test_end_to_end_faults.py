@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import short_dir
+from tests.kube.apiserver import Obj
 from tests.kube.cluster import LoopbackCluster, eventually, gpu_pod, loopback_cluster, wait_agent
 from tests.kube.test_end_to_end import LEASE, live_leases, running
 
@@ -31,6 +32,22 @@ async def lease_of_pod(cluster: LoopbackCluster, pod: str) -> tuple[str, str]:
     found = [(n, lease) for n, p, lease in await live_leases(cluster) if p == f"team-a/{pod}"]
     assert len(found) == 1, found
     return found[0]
+
+
+async def kill_cluster_side_mid_bind(c: LoopbackCluster, pod: Obj) -> tuple[str, str]:
+    """Create ``pod``, hold its Binding, SIGKILL ``gpushare kube serve`` then (the grant is
+    made, the pod not bound) and let the held request go (it is dropped with its client);
+    the (node, lease id) granted."""
+    assert c.side_process is not None
+    name = pod["metadata"]["name"]
+    held = c.api_server.hold_next("POST", BINDING.format(name=name))
+    await c.api_server_create(pod)
+    await eventually(held.arrived.is_set)
+    granted = await lease_of_pod(c, name)
+    c.side_process.kill()
+    c.side_process.wait(timeout=30)
+    held.release.set()
+    return granted
 
 
 async def test_an_agent_killed_and_restarted_during_a_bind_keeps_the_lease_it_granted(
@@ -62,15 +79,9 @@ async def test_the_cluster_side_killed_mid_bind_leaks_nothing_after_the_reconcil
     root: Path,
 ) -> None:
     async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
-        assert scheduler is not None and c.side_process is not None
-        held = c.api_server.hold_next("POST", BINDING.format(name="orphan"))
-        await c.api_server_create(gpu_pod("orphan", memory="3Gi", threads="20"))
-        await eventually(held.arrived.is_set)
-        node, leaked = await lease_of_pod(c, "orphan")
-
-        c.side_process.kill()  # SIGKILL mid-bind: the grant is made, the pod not bound
-        c.side_process.wait(timeout=30)
-        held.release.set()
+        assert scheduler is not None
+        pod = gpu_pod("orphan", memory="3Gi", threads="20")
+        node, leaked = await kill_cluster_side_mid_bind(c, pod)
         c.api_server.delete_pod("team-a", "orphan")  # kubectl delete while nobody watches
         assert [x for x in await live_leases(c) if x[2] == leaked]  # the lease is still held
 
@@ -91,14 +102,8 @@ async def test_a_pod_whose_bind_died_gets_the_same_lease_from_the_next_cluster_s
     root: Path,
 ) -> None:
     async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
-        assert scheduler is not None and c.side_process is not None
-        held = c.api_server.hold_next("POST", BINDING.format(name="retried"))
-        await c.api_server_create(gpu_pod("retried"))
-        await eventually(held.arrived.is_set)
-        node, granted = await lease_of_pod(c, "retried")
-        c.side_process.kill()
-        c.side_process.wait(timeout=30)
-        held.release.set()
+        assert scheduler is not None
+        node, granted = await kill_cluster_side_mid_bind(c, gpu_pod("retried"))
 
         await c.replace_cluster_side(scheduler)
         await eventually(lambda: running(c, "team-a", "retried"), 60)

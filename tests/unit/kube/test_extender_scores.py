@@ -14,6 +14,7 @@ from agent.kube.agents import AgentLink
 from agent.kube.binder import Binder
 from agent.kube.cache import AgentCache, NodeEntry
 from agent.kube.extender import Extender
+from agent.kube.views import lease_of
 
 
 def node(used_gib: int) -> pb.GetNodeResponse:
@@ -80,3 +81,19 @@ def test_when_every_node_is_busy_they_tie() -> None:
     ext = extender({"a": 0, "b": 70})
     ext.binder.queued.update({"a": 1, "b": 2})
     assert scores(ext, ["a", "b"]) == {"a": 0, "b": 0}
+
+
+def test_the_views_follow_the_binds_in_flight_and_each_answer() -> None:
+    """The views are built once per answer, and again whenever a bind in flight is added
+    or dropped: a pod filtered right after a grant counts that grant."""
+    ext = extender({"a": 0})
+    cache = ext.cache
+    assert cache.views("a") is cache.views("a")  # the same answer: built once
+    assert [len(v.leases) for v in cache.views("a") or []] == [0]
+    granted = node(8).leases[0]
+    cache.add_pending("a", lease_of(granted))
+    assert [v.memory_committed_bytes for v in cache.views("a") or []] == [8 * GIB]
+    cache.drop_pending("a", granted.lease_id)
+    assert [len(v.leases) for v in cache.views("a") or []] == [0]
+    cache.nodes["a"].snapshot = node(40)  # a new answer
+    assert [v.memory_committed_bytes for v in cache.views("a") or []] == [40 * GIB]
