@@ -70,7 +70,8 @@ def agent_command(*args: str) -> list[str]:
 
 def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
+    inherited = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{inherited}" if inherited else str(REPO)
     return env
 
 

@@ -18,7 +18,33 @@ from agent.mps.port import ControlChannel
 from agent.mps.supervisor import DaemonDefaults, DaemonSupervisor, SupervisorOptions
 
 REAL_BINARY = shutil.which("nvidia-cuda-mps-control")
-FAKE_BINARY = str(Path(sys.executable).parent / "gpushare-fake-mps-control")
+_BESIDE_PYTHON = Path(sys.executable).parent / "gpushare-fake-mps-control"
+FAKE_BINARY = (
+    str(_BESIDE_PYTHON)
+    if _BESIDE_PYTHON.exists()
+    else shutil.which("gpushare-fake-mps-control") or str(_BESIDE_PYTHON)
+)
+
+
+FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def real_device() -> Device | None:
+    """The first real GPU where NVML answers: a real control daemon given a device that
+    does not exist exits at start on a machine with a driver (status 100)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        memory_bytes = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        return Device(uuid, 0, pynvml.nvmlDeviceGetName(handle), memory_bytes)
+    finally:
+        pynvml.nvmlShutdown()
 
 
 @dataclass
@@ -50,7 +76,7 @@ def make_supervisor(
     **options: object,
 ) -> tuple[DaemonSupervisor, Recorder, FakeGpuBackend]:
     gpu = FakeGpuBackend.with_gpus(1)
-    device = device or Device("GPU-11111111-2222-3333-4444-555555555555", 0, "H100", 80 * GIB)
+    device = device or real_device() or Device(FAKE_UUID, 0, "H100", 80 * GIB)
     values: dict[str, object] = {
         "binary": binary,
         "root_dir": str(root / "mps"),
