@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 ENDED_PHASES = ("Succeeded", "Failed")
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
+SETTLE_CONCURRENCY = 16  # ended pods given back at once, beside the watch
+SETTLE_TRIES = 5
 DONE_CODES = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -58,6 +60,11 @@ class LeaseController:
         self._clock = clock
         self.pods: dict[str, Obj] = {}  # uid -> the newest pod seen
         self.released = 0
+        # uid -> the newest (pod, deleted) seen while its settling runs, or None
+        self._settling: dict[str, tuple[Obj, bool] | None] = {}
+        self._settlers: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
+        self._unsettled: set[str] = set()  # ended pods whose settling gave up (reconcile retries)
 
     async def run(self) -> None:
         """List, handle, watch; a watch that expires (410) lists again. Reconciles every
@@ -76,8 +83,10 @@ class LeaseController:
                     await asyncio.sleep(delay_s)
                     delay_s = min(delay_s * 2, RETRY_MAX_S)
         finally:
-            reconciling.cancel()
-            await asyncio.gather(reconciling, return_exceptions=True)
+            tasks = [reconciling, *self._settlers]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _follow_pods(self) -> None:
         """List, then watch until the stream ends (a watch times out: list again)."""
@@ -99,14 +108,60 @@ class LeaseController:
         return listing.resource_version
 
     async def handle(self, pod: Obj, *, deleted: bool = False) -> None:
+        """Keep the view current at once; give an ended pod's leases back and drop its
+        finalizer beside the watch, so slow agents or API writes never hold the watch up
+        (a watch that falls behind leaves the view stale)."""
         uid = pod["metadata"]["uid"]
         if deleted:
             self.pods.pop(uid, None)
-            await self._release_of(pod)  # gone without our finalizer: still give it back
+            self._settle(pod, deleted=True)  # gone without our finalizer: still give it back
             return
         self.pods[uid] = pod
-        if ended(pod) and holds_finalizer(pod) and await self._release_of(pod):
-            await self._drop_finalizer(pod)
+        if ended(pod) and holds_finalizer(pod):
+            self._settle(pod, deleted=False)
+
+    def _settle(self, pod: Obj, *, deleted: bool) -> None:
+        """Settle this pod in a task of its own; one at a time per pod (a newer state
+        seen meanwhile is settled after it)."""
+        uid = pod["metadata"]["uid"]
+        if uid in self._settling:
+            self._settling[uid] = (pod, deleted)
+            return
+        self._settling[uid] = None
+        task = asyncio.create_task(self._settle_pod(uid, pod, deleted), name=f"settle-{uid}")
+        self._settlers.add(task)
+        task.add_done_callback(self._settlers.discard)
+
+    async def _settle_pod(self, uid: str, pod: Obj, deleted: bool) -> None:
+        try:
+            while True:
+                async with self._slots:
+                    if not await self._settle_once(pod, deleted):
+                        self._unsettled.add(uid)
+                newer = self._settling.get(uid)
+                if newer is None:
+                    return
+                self._settling[uid] = None
+                pod, deleted = newer
+        finally:
+            self._settling.pop(uid, None)
+
+    async def _settle_once(self, pod: Obj, deleted: bool) -> bool:
+        """Release the pod's leases, then (unless it is gone) drop its finalizer; an API
+        error is tried again with backoff. False: left to the next reconcile."""
+        delay_s = RETRY_FIRST_S
+        for _ in range(SETTLE_TRIES):
+            try:
+                if not await self._release_of(pod):
+                    return False  # an agent did not answer: its release is logged
+                if not deleted:
+                    await self._drop_finalizer(pod)
+                return True
+            except KubeError as exc:
+                log.warning("pod %s: %s; again in %.1f s", _key(pod)[0], exc, delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RETRY_MAX_S)
+        return False
 
     async def _release_of(self, pod: Obj) -> bool:
         """Release the pod's leases; True once none is live. A lease is the pod's by the
@@ -146,7 +201,10 @@ class LeaseController:
         """Remove our finalizer, compare-and-set on the resourceVersion (409: read again)."""
         meta = pod["metadata"]
         for _ in range(5):
-            kept = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+            finalizers = meta.get("finalizers") or []
+            kept = [f for f in finalizers if f != FINALIZER]
+            if len(kept) == len(finalizers):
+                return  # dropped already (a settling sent twice)
             patch = {"metadata": {"finalizers": kept, "resourceVersion": meta["resourceVersion"]}}
             try:
                 await self._api.patch_pod(meta["namespace"], meta["name"], patch)
@@ -185,10 +243,37 @@ class LeaseController:
                 young = now - lease.created_at <= self._grace_s
                 if not lease.pod or lease.state == "reserved" or young:
                     continue
-                why = _orphaned(lease, node, placed.get((lease.pod, pod_uid_of(lease.request_id))))
+                key = (lease.pod, pod_uid_of(lease.request_id))
+                why = _orphaned(lease, node, placed.get(key))
+                if why and key not in placed and not self._ended_in_view(key[1]):
+                    why = await self._confirmed_orphaned(lease, node, key)
                 if why:
                     count += await self.release(node, lease.lease_id, why=f"its pod {why}")
+        for uid in list(self._unsettled):  # settling that gave up: once more
+            self._unsettled.discard(uid)
+            if (pod := self.pods.get(uid)) is not None and holds_finalizer(pod):
+                self._settle(pod, deleted=False)
         return count
+
+    def _ended_in_view(self, uid: str) -> bool:
+        pod = self.pods.get(uid)
+        return pod is not None and ended(pod)
+
+    async def _confirmed_orphaned(self, lease: pb.Lease, node: str, key: tuple[str, str]) -> str:
+        """The view has not seen this lease's pod: it may be gone, or the watch may be
+        behind (a pod created and bound since). Ask the API before releasing; "" when
+        the pod lives there as the lease's, or the API cannot say now."""
+        namespace, _, name = key[0].partition("/")
+        try:
+            pod = await self._api.get_pod(namespace, name)
+        except NotFound:
+            return "is gone or ended"
+        except KubeError as exc:
+            log.warning("reconcile: cannot read pod %s: %s; kept for now", key[0], exc)
+            return ""
+        if _key(pod) != key or ended(pod):
+            return "is gone or ended"
+        return _orphaned(lease, node, _placement(pod))
 
 
 def _placement(pod: Obj) -> tuple[str, str]:

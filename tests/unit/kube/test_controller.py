@@ -1,0 +1,179 @@
+"""The lease controller against a stale view and slow writes: the reconcile asks the API
+before it releases a lease whose pod its watch has not shown (the watch may be behind),
+and the watch is never held up by the releases and finalizer writes of ended pods."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.api.proto import agent_pb2 as pb
+from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION
+from agent.kube.cache import NodeEntry
+from agent.kube.controller import LeaseController
+from agent.kube.port import KubeError, NotFound, Obj
+
+NODE = "node-a"
+NOW = 1_000.0
+
+
+def pod(name: str, *, node: str = "", lease: str = "", phase: str = "Pending") -> Obj:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team",
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "finalizers": [FINALIZER],
+            "annotations": {LEASE_ANNOTATION: lease} if lease else {},
+        },
+        "spec": {"schedulerName": "gpushare", **({"nodeName": node} if node else {})},
+        "status": {"phase": phase},
+    }
+
+
+def lease(name: str, *, created_at: float = NOW - 600) -> pb.Lease:
+    return pb.Lease(
+        lease_id=f"L-{name}",
+        request_id=f"uid-{name}",
+        pod=f"team/{name}",
+        state="admitted",
+        created_at=created_at,  # type: ignore[arg-type]
+    )
+
+
+class Api:
+    def __init__(self, *pods: Obj) -> None:
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+        self.reads: list[str] = []
+        self.fail_reads = False
+        self.patches: list[str] = []
+
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        self.reads.append(name)
+        if self.fail_reads:
+            raise KubeError(500, "InternalError", "etcd is slow")
+        if name not in self.pods:
+            raise NotFound(404, "NotFound", name)
+        return self.pods[name]
+
+    async def patch_pod(self, namespace: str, name: str, patch: Obj) -> Obj:
+        self.patches.append(name)
+        self.pods[name]["metadata"]["finalizers"] = patch["metadata"]["finalizers"]
+        return self.pods[name]
+
+
+class Link:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.failing = False
+
+    async def release(self, lease_id: str) -> None:
+        await self.hold.wait()
+        if self.failing:
+            raise _rpc_error(grpc.StatusCode.UNAVAILABLE)
+        self.released.append(lease_id)
+
+
+class Cache:
+    def __init__(self, *leases: pb.Lease) -> None:
+        self.the_link = Link()
+        entry = NodeEntry(NODE, "127.0.0.1:9807")
+        entry.snapshot = pb.GetNodeResponse(leases=list(leases))
+        self.nodes = {NODE: entry}
+
+    def link(self, node: str) -> Link | None:
+        return self.the_link if node in self.nodes else None
+
+    def why_unknown(self, node: str) -> str:
+        return "no agent"
+
+
+def controller(api: Api, cache: Cache) -> LeaseController:
+    return LeaseController(api, cache, grace_s=60, clock=lambda: NOW)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("in_api", "released"),
+    [
+        pytest.param(None, True, id="gone from the API"),
+        pytest.param(pod("p"), False, id="unbound: a bind under way"),
+        pytest.param(pod("p", node=NODE, lease="L-p"), False, id="bound here with it"),
+        pytest.param(pod("p", node="node-b"), True, id="bound elsewhere"),
+        pytest.param(pod("p", node=NODE, phase="Succeeded"), True, id="ended"),
+        pytest.param({**pod("p"), "metadata": {**pod("p")["metadata"], "uid": "x"}}, True,
+                     id="another pod of that name"),
+    ],
+)  # fmt: skip
+async def test_the_reconcile_asks_the_api_about_a_pod_its_watch_has_not_shown(
+    in_api: Obj | None, released: bool
+) -> None:
+    api = Api(*([in_api] if in_api else []))
+    cache = Cache(lease("p"))
+    leases = controller(api, cache)  # its view is empty: the watch is behind
+    assert await leases.reconcile() == int(released)
+    assert api.reads == ["p"]
+    assert cache.the_link.released == (["L-p"] if released else [])
+
+
+async def test_a_lease_is_kept_while_the_api_cannot_say() -> None:
+    api = Api(pod("p"))
+    api.fail_reads = True
+    cache = Cache(lease("p"))
+    assert await controller(api, cache).reconcile() == 0
+    assert cache.the_link.released == []
+
+
+async def test_a_pod_the_view_holds_is_judged_without_a_read() -> None:
+    api = Api()
+    cache = Cache(lease("live"), lease("done"))
+    leases = controller(api, cache)
+    await leases.handle(pod("live", node=NODE, lease="L-live"))
+    leases.pods["uid-done"] = pod("done", node=NODE, phase="Failed")  # ended, seen
+    assert await leases.reconcile() == 1
+    assert api.reads == [] and cache.the_link.released == ["L-done"]
+
+
+async def test_the_watch_goes_on_while_an_ended_pod_is_settled() -> None:
+    ended = pod("p", node=NODE, lease="L-p", phase="Succeeded")
+    api = Api(ended)
+    cache = Cache(lease("p"))
+    cache.the_link.hold.clear()  # the agent's release is slow
+    leases = controller(api, cache)
+    await asyncio.wait_for(leases.handle(ended), 1.0)
+    await asyncio.wait_for(leases.handle(pod("q")), 1.0)
+    assert "uid-q" in leases.pods and api.patches == []
+    cache.the_link.hold.set()
+    await _until(lambda: api.patches == ["p"])
+    assert cache.the_link.released == ["L-p"]
+    assert api.pods["p"]["metadata"]["finalizers"] == []
+
+
+async def test_a_settling_that_gave_up_is_tried_again_by_the_reconcile() -> None:
+    ended = pod("p", node=NODE, lease="L-p", phase="Failed")
+    api = Api(ended)
+    cache = Cache(lease("p", created_at=NOW))  # young: only the settling releases it
+    cache.the_link.failing = True
+    leases = controller(api, cache)
+    await leases.handle(ended)
+    await _until(lambda: not leases._settling)
+    assert api.patches == [], "the finalizer stays while the lease may be live"
+    cache.the_link.failing = False
+    await leases.reconcile()
+    await _until(lambda: api.patches == ["p"])
+    assert cache.the_link.released == ["L-p"]
+
+
+async def _until(predicate: Any, timeout_s: float = 2.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def _rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
