@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.admission.policy import Rules, decide, memory_left_bytes
+from agent.admission.policy import DeviceView, Rules, decide, memory_left_bytes
 from agent.core.types import AdmissionRequest, Decision
 from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
 from agent.kube.binder import Binder
@@ -26,6 +26,8 @@ from agent.kube.cache import AgentCache
 log = logging.getLogger(__name__)
 
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
+MEMO_S = 1.0  # a decision is reused while the node's views are the same, this long at most
+MEMO_SIZE = 4096
 
 
 def admission_of(pod: Mapping[str, Any], ask: PodAsk) -> AdmissionRequest:
@@ -45,6 +47,8 @@ class Extender:
         self.cache = cache
         self.binder = binder
         self.rules = rules
+        # per node: the views the decisions were made on, and the decisions by request
+        self._memo: dict[str, tuple[object, dict[tuple[object, ...], tuple[float, Decision]]]] = {}
 
     def decisions(
         self, pod: Mapping[str, Any], nodes: Sequence[str]
@@ -60,12 +64,35 @@ class Extender:
             if views is None:
                 failed[node] = self.cache.why_unknown(node)
                 continue
-            decision = decide(request, views, self.rules, now=now)
+            decision = self._decided(node, request, views, now)
             if decision.admitted:
                 decided[node] = decision
             else:
                 failed[node] = f"{decision.reason}: {decision.message}"
         return decided, failed
+
+    def _decided(
+        self, node: str, request: AdmissionRequest, views: list[DeviceView], now: float
+    ) -> Decision:
+        """The rules' decision, made once for a pod's filter and then its prioritize: the
+        same request on the same views (the cache builds a new list on any change)."""
+        memo = self._memo.get(node)
+        if memo is None or memo[0] is not views or len(memo[1]) > MEMO_SIZE:
+            memo = self._memo[node] = (views, {})
+        key = (
+            request.request_id,
+            request.tenant,
+            request.trust_domain,
+            request.priority,
+            request.memory_bytes,
+            request.thread_pct,
+        )
+        known = memo[1].get(key)
+        if known is not None and now - known[0] <= MEMO_S:
+            return known[1]
+        decision = decide(request, views, self.rules, now=now)
+        memo[1][key] = (now, decision)
+        return decision
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         names = _node_names(args)

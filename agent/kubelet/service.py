@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -35,6 +36,7 @@ def plugin_options() -> pb.DevicePluginOptions:
     return pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
 
 
+@functools.lru_cache(maxsize=4096)  # the ids are the plugin's own few hundred
 def natural_key(device_id: str) -> tuple[tuple[str | int, ...], str]:
     """Sort key that puts ``share-2`` before ``share-10``: runs of digits compare as
     numbers (text and number runs alternate, so equal positions hold equal types)."""
@@ -47,8 +49,9 @@ def preferred(available: Iterable[str], must_include: Iterable[str], size: int) 
     ``size`` in all (fewer when not enough are available)."""
     chosen = list(dict.fromkeys(must_include))
     taken = set(chosen)
-    rest = sorted({d for d in available if d not in taken}, key=natural_key)
-    return chosen + rest[: max(0, size - len(chosen))]
+    wanted = max(0, size - len(chosen))
+    rest = heapq.nsmallest(wanted, {d for d in available if d not in taken}, key=natural_key)
+    return chosen + rest
 
 
 def container_response(allocation: ContainerAllocation) -> pb.ContainerAllocateResponse:

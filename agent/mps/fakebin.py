@@ -17,7 +17,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ from pathlib import Path
 
 from agent.mps.fake_daemon import FakeMpsState
 
-ABSENT = "Cannot find MPS control daemon process"
 RUNNING = "An instance of this daemon is already running"
 
 
@@ -33,25 +31,6 @@ def _dirs() -> tuple[Path, Path]:
     pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
     logs = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
     return pipe, logs
-
-
-def front_end() -> int:
-    pipe, _logs = _dirs()
-    request = sys.stdin.buffer.read()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(pipe / "control"))
-    except OSError:
-        print(ABSENT, file=sys.stderr)
-        return 1
-    with sock:
-        sock.sendall(request)
-        sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    sys.stdout.buffer.write(b"".join(chunks))
-    return 0
 
 
 class FakeDaemon:
@@ -175,10 +154,9 @@ def _background(logs: Path) -> int:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    if "-d" in args or "-f" in args:
-        sys.exit(daemon(foreground="-f" in args))
-    sys.exit(front_end())
+    from agent.mps.fakectl import main as dispatch
+
+    dispatch()
 
 
 if __name__ == "__main__":

@@ -97,3 +97,33 @@ def test_the_views_follow_the_binds_in_flight_and_each_answer() -> None:
     assert [len(v.leases) for v in cache.views("a") or []] == [0]
     cache.nodes["a"].snapshot = node(40)  # a new answer
     assert [v.memory_committed_bytes for v in cache.views("a") or []] == [40 * GIB]
+
+
+def test_a_pods_prioritize_reuses_its_filters_decisions_until_the_node_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agent.kube.extender as module
+
+    decided: list[str] = []
+    real = module.decide
+
+    def counting(request: Any, views: Any, rules: Any, **kw: Any) -> Any:
+        decided.append(request.request_id)
+        return real(request, views, rules, **kw)
+
+    monkeypatch.setattr(module, "decide", counting)
+    ext = extender({"a": 0, "b": 40})
+    assert ext.filter({"pod": pod(), "nodenames": ["a", "b"]})["nodenames"] == ["a", "b"]
+    scores(ext, ["a", "b"])
+    assert len(decided) == 2, "prioritize decided again on the same views"
+    lease = pb.Lease(
+        lease_id="l-9",
+        request_id="r-9",
+        device_uuid="x",
+        memory_bytes=GIB,
+        priority="burstable",
+        state="admitted",
+    )
+    ext.cache.add_pending("a", lease_of(lease))  # a bind in flight: a's views change
+    scores(ext, ["a", "b"])
+    assert len(decided) == 3, "a changed node is decided again"
