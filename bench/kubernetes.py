@@ -76,7 +76,7 @@ from agent.admission.policy import Rules  # noqa: E402
 from agent.client import AgentClient, Priority  # noqa: E402
 from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
-from tests.kube.apiserver import Obj  # noqa: E402
+from tests.kube.apiserver import ApiError, Obj  # noqa: E402
 from tests.kube.cluster import SHARE, LoopbackCluster, gpu_pod, loopback_cluster  # noqa: E402
 from tests.kube.scheduler import SchedulerStandIn  # noqa: E402
 
@@ -121,6 +121,7 @@ class PodPlan:
     bound: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: str = ""  # "" (ran and went) or why the pod is lost
+    evicted: bool = False  # deleted by the lease controller: its agent evicted its lease
 
     def manifest(self) -> Obj:
         pod = gpu_pod(
@@ -247,11 +248,12 @@ class Run:
         assert kubelets is not None
         lease = (meta.get("annotations") or {}).get(LEASE_ANNOTATION, "")
         outcome = kubelets.got.get((meta["namespace"], meta["name"], "main"))
-        if outcome is not None and outcome.failed_at == "PreStartContainer":
-            # the node's PodResources check found a mismatch: the container never starts
+        if outcome is not None and outcome.failed_at in ("PreStartContainer", "CreateContainer"):
+            # the node's PodResources check (or the NRI plugin) found a mismatch: the
+            # container never starts
             self.refused.append(f"{plan.name}: {outcome.error}")
         elif outcome is not None and outcome.response is not None:
-            env = dict(outcome.response.envs)
+            env = kubelets.env(meta["namespace"], meta["name"], "main")
             expected = {
                 "GPUSHARE_LEASE_ID": lease,
                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={plan.memory_gib * 1024}M",
@@ -307,18 +309,41 @@ class Run:
         except TimeoutError:
             plan.phase = "never allocated"
         if plan.phase != "Running":
+            if await self.lease_evicted(plan, wait_s=10.0):
+                await self.gone(plan)  # deleted by the controller: its owner would place it again
+                return
             plan.outcome = f"not run ({plan.phase})"
             api.delete_pod(NAMESPACE, plan.name, force=True)
             await self.gone(plan)
             return
         await asyncio.sleep(plan.run_s)
-        if plan.ending == "succeeded":  # the kubelet's status, then the pod's cleanup
-            api.set_pod_phase(NAMESPACE, plan.name, "Succeeded")
-            await asyncio.sleep(random.uniform(0.0, 0.3))
-            api.delete_pod(NAMESPACE, plan.name)
-        else:
-            api.delete_pod(NAMESPACE, plan.name, force=plan.ending == "force-deleted")
+        if await self.lease_evicted(plan, wait_s=0.0):
+            await self.gone(plan)
+            return
+        with contextlib.suppress(ApiError):  # evicted meanwhile: gone already
+            if plan.ending == "succeeded":  # the kubelet's status, then the pod's cleanup
+                api.set_pod_phase(NAMESPACE, plan.name, "Succeeded")
+                await asyncio.sleep(random.uniform(0.0, 0.3))
+                api.delete_pod(NAMESPACE, plan.name)
+            else:
+                api.delete_pod(NAMESPACE, plan.name, force=plan.ending == "force-deleted")
         await self.gone(plan)
+
+    async def lease_evicted(self, plan: PodPlan, *, wait_s: float) -> bool:
+        """Whether the lease controller deleted the pod because its agent evicted its
+        lease (a guaranteed pod preempted it): an event LeaseEvicted on it."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            events = self.cluster.api_server.events_for(plan.name, NAMESPACE)
+            if any(
+                e.get("reason") == "LeaseEvicted" and e["involvedObject"].get("uid") == plan.uid
+                for e in events
+            ):
+                plan.evicted = True
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
 
     async def gone(self, plan: PodPlan) -> None:
         """Until the pod is out of the API server (its finalizer removed)."""
@@ -427,6 +452,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         scheduler=False,
         agent_args=AGENT_ARGS,
         start_timeout_s=30.0 * args.nodes,  # 16 agents starting at once on 2 cores
+        nri=args.injector == "nri",
     ) as (cluster, _):
         assert cluster.kubelets is not None
         scheduler = TimedScheduler(
@@ -450,7 +476,9 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         print(f"{args.nodes} nodes up; {args.pods} pods to go", file=sys.stderr, flush=True)
         await scheduler.__aenter__()
         beside = [
-            asyncio.create_task(scheduler.run(), name="scheduler"),
+            asyncio.create_task(
+                scheduler.run(concurrency=args.scheduling_cycles), name="scheduler"
+            ),
             asyncio.create_task(bench.admit_probe(), name="admit-probe"),
             asyncio.create_task(bench.sampler(), name="sampler"),
             asyncio.create_task(bench.progress(), name="progress"),
@@ -499,6 +527,7 @@ def summarize(
     scheduler = bench.scheduler
     result: dict[str, Any] = {
         "nodes": bench.args.nodes,
+        "injector": bench.args.injector,
         "cpus": os.cpu_count(),
         "load_avg_1m_before": round(load_before[0], 2),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
@@ -515,11 +544,13 @@ def summarize(
         "bind_refusals": dict(scheduler.refusals.most_common(5)),
         "gangs": len(gangs),
         "gangs_partial": len(partial),
-        "endings": dict(Counter(p.ending for p in plans if not p.outcome)),
+        "endings": dict(Counter(p.ending for p in plans if not p.outcome and not p.evicted)),
+        "evicted": sum(p.evicted for p in plans),
         "ledger_samples": bench.samples,
         "leases_leaked": len(leases),
         "wrong_lease_injections": len(bench.wrong),
         "mismatches_refused": len(bench.refused),
+        "refused_why": [x[:200] for x in bench.refused[:3]],
         "overcommit": len(bench.overcommit),
         "lost": len(lost),
         "lost_why": dict(Counter(p.outcome for p in lost)),
@@ -560,6 +591,21 @@ def main() -> None:
         default="process",
         help="gpushare kube serve as its own process (the default, as deployed), or in "
         "the harness's process and event loop",
+    )
+    parser.add_argument(
+        "--injector",
+        choices=("device-plugin", "nri"),
+        default="device-plugin",
+        help="how a lease reaches its containers: the device plugin's Allocate (binds to "
+        "a node one at a time), or each node's runtime with NRI too (its agent registers "
+        "as an NRI plugin and binds go at once)",
+    )
+    parser.add_argument(
+        "--scheduling-cycles",
+        type=int,
+        default=16,
+        help="scheduling cycles (filter and prioritize) at once in the scheduler stand-in; "
+        "kube-scheduler runs 1, its binding cycles beside it (16)",
     )
     parser.add_argument("--progress-s", type=float, default=5.0)
     parser.add_argument("--webhook", action="store_true", help="create through the webhook")

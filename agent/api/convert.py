@@ -102,6 +102,7 @@ def snapshot_to_pb(snapshot: NodeSnapshot) -> pb.GetNodeResponse:
         last_event_seq=snapshot.last_event_seq,
         retention_estimates=dict(snapshot.retention_estimates),
         ineffective_ratio=snapshot.ineffective_ratio,
+        injector=snapshot.injector,
     )
 
 

@@ -41,3 +41,10 @@ class KubeletSettings:
         "A host directory mounted at /dev/shm in each client container, shared with the MPS "
         "server (the mps-host pod mounts the same one). Empty: none.",
     )
+    nri_socket: str = setting(
+        "",
+        "The container runtime's NRI socket (containerd 2 and CRI-O: /var/run/nri/nri.sock). "
+        "Set: the agent also registers there as the NRI plugin 10-gpushare and gives each "
+        "container its pod's lease at CreateContainer (the runtime names the pod), so binds "
+        "to this node need not wait for one another. Empty: the device plugin alone.",
+    )

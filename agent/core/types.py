@@ -351,6 +351,7 @@ class NodeSnapshot:
     last_event_seq: int = 0
     retention_estimates: Mapping[str, float] = field(default_factory=dict)
     ineffective_ratio: float = 0.0  # W: memory held by admitted, not-ready leases / node memory
+    injector: str = ""  # "nri", "device-plugin" or "" (see GetNodeResponse.injector)
     admission: AdmissionStats = field(default_factory=AdmissionStats)
     control_actions: Mapping[str, int] = field(default_factory=dict)  # janitor, degradation
     degraded_devices: tuple[str, ...] = ()

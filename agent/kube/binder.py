@@ -33,13 +33,12 @@ from agent.kube.annotations import LEASE_ANNOTATION, AnnotationError, PodAsk, pa
 from agent.kube.cache import AgentCache
 from agent.kube.line import Line, Turn, until_either
 from agent.kube.port import Conflict, KubeApi, KubeError, NotFound, Obj
-from agent.kube.views import lease_of, pod_request_id
+from agent.kube.views import lease_of, pod_request_id, request_fields
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_IDS = 8  # request ids tried in one bind
 ATTEMPTS_KEPT = 10_000
-PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
 
 # the pod of this UID as an informer last saw it, or None (then it is read from the API)
 PodLookup = Callable[[str], Obj | None]
@@ -125,7 +124,7 @@ class Binder:
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
         link = self._link(node)
         fields = request_fields(pod, ask)
-        turn = self._line(node).join()
+        turn = self._line(node).join() if self._in_line(node) else Turn(free=True)
         async with self._turn_taken(node, turn):
             answer = await self._granted(
                 node,
@@ -196,8 +195,9 @@ class Binder:
         nothing bound."""
         line = self._line(node)
         try:
-            await self._wait_turn(node, turn)
-            line.start(turn)
+            if not turn.free:
+                await self._wait_turn(node, turn)
+                line.start(turn)
             yield
         except BaseException:
             line.end(turn, "", self._clock())
@@ -290,7 +290,10 @@ class Binder:
         for node, lease in sorted(gang.members.values(), key=lambda m: m[1].created_at):
             by_node.setdefault(node, []).append(lease)
         for node, leases in by_node.items():
-            turns = self._line(node).join_front(len(leases))
+            if self._in_line(node):
+                turns = self._line(node).join_front(len(leases))
+            else:
+                turns = [Turn(gang=True, free=True) for _ in leases]
             gang.turns.update(zip((x.lease_id for x in leases), turns, strict=True))
         try:
             for node, leases in sorted(by_node.items()):
@@ -349,6 +352,11 @@ class Binder:
             if not self.queued[node]:
                 del self.queued[node]
 
+    def _in_line(self, node: str) -> bool:
+        """Whether binds to ``node`` go one at a time: not when its agent's NRI plugin is
+        registered with the runtime (it gives each container its own pod's lease)."""
+        return self._cache.injector(node) != "nri"
+
     def _line(self, node: str) -> Line:
         return self._lines.setdefault(node, Line())
 
@@ -374,20 +382,3 @@ def _ended_request_id(exc: grpc.aio.AioRpcError) -> bool:
     return exc.code() is grpc.StatusCode.FAILED_PRECONDITION and ENDED_REQUEST_ID_HINT in (
         exc.details() or ""
     )
-
-
-def request_fields(pod: Obj, ask: PodAsk) -> dict[str, Any]:
-    """The agent request for this pod: its UID is the request id (a retry is the same
-    request; :func:`pod_request_id` once a lease of it has ended), its namespace the
-    tenant and the trust domain."""
-    meta = pod["metadata"]
-    return {
-        "request_id": meta["uid"],
-        "tenant": ask.tenant,
-        "trust_domain": ask.trust_domain,
-        "priority": PRIORITY[ask.priority.value],
-        "memory_bytes": ask.memory_bytes,
-        "thread_pct": ask.thread_pct,
-        "workload": f"pod:{meta['uid']}",
-        "pod": f"{meta['namespace']}/{meta['name']}",
-    }

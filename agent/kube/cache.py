@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -52,6 +52,8 @@ class AgentCache:
     def __init__(self, connect: Connect) -> None:
         self._connect = connect
         self.nodes: dict[str, NodeEntry] = {}
+        # called with (node, event) for every event of every agent, as it comes
+        self.listeners: list[Callable[[str, pb.Event], None]] = []
 
     # -- membership ------------------------------------------------------------------------
 
@@ -101,6 +103,11 @@ class AgentCache:
                 entry.snapshot, entry.pending.values(), without_request=without_request
             )
         return cached[2]
+
+    def injector(self, node: str) -> str:
+        """How leases reach the containers on ``node`` (GetNodeResponse.injector)."""
+        entry = self.nodes.get(node)
+        return entry.snapshot.injector if entry is not None and entry.snapshot else ""
 
     def why_unknown(self, node: str) -> str:
         entry = self.nodes.get(node)
@@ -167,6 +174,8 @@ class AgentCache:
         )
         try:
             async for event in link.watch_events(since_seq=entry.snapshot.last_event_seq):
+                for listener in self.listeners:
+                    listener(entry.node_name, event)
                 if event.kind == ALLOCATED:
                     _remember(entry.allocated_ids, event.lease_id)
                     if waiter := entry.allocated.get(event.lease_id):

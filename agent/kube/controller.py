@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -27,6 +27,8 @@ from agent.kube.views import pod_uid_of
 log = logging.getLogger(__name__)
 
 ENDED_PHASES = ("Succeeded", "Failed")
+EVICTED = "lease.evicted"  # the agent's event when it evicted a lease
+EVICTED_KEPT = 10_000
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 SETTLE_CONCURRENCY = 16  # ended pods given back at once, beside the watch
@@ -65,6 +67,11 @@ class LeaseController:
         self._settlers: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
         self._unsettled: set[str] = set()  # ended pods whose settling gave up (reconcile retries)
+        self.evicted_pods = 0  # pods deleted because an agent evicted their lease
+        # lease id -> (node, why) of leases evicted lately: a pod bound with one after
+        # the event came is found by its own update
+        self._evicted: dict[str, tuple[str, str]] = {}
+        cache.listeners.append(self._agent_event)
 
     async def run(self) -> None:
         """List, handle, watch; a watch that expires (410) lists again. Reconciles every
@@ -96,6 +103,47 @@ class LeaseController:
                 continue
             await self.handle(change.obj, deleted=change.kind == "DELETED")
 
+    def _agent_event(self, node: str, event: pb.Event) -> None:
+        """A lease its agent evicted (``lease.evicted``: preempted for a guaranteed pod, or
+        its device degraded) leaves its pod unable to run: no container of it may start
+        without its lease. The pod is deleted, as kube-scheduler deletes the pods it
+        preempts, so its owner places it again; an event (LeaseEvicted) on it says why."""
+        if event.kind != EVICTED or not event.lease_id:
+            return
+        self._evicted[event.lease_id] = (node, event.message)
+        while len(self._evicted) > EVICTED_KEPT:
+            del self._evicted[next(iter(self._evicted))]
+        for pod in list(self.pods.values()):
+            self._check_evicted(pod)
+
+    def _check_evicted(self, pod: Obj) -> None:
+        lease_id = annotations_of(pod).get(LEASE_ANNOTATION, "")
+        node, why = self._evicted.get(lease_id, ("", ""))
+        if node and (pod.get("spec") or {}).get("nodeName") == node and not ended(pod):
+            del self._evicted[lease_id]
+            self._spawn(self._delete_evicted(pod, node, why), pod["metadata"]["uid"])
+
+    async def _delete_evicted(self, pod: Obj, node: str, why: str) -> None:
+        meta = pod["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        message = f"its lease on {node} was evicted ({why}): deleted, to be placed again"
+        try:
+            await self._api.create_event(meta["namespace"], evicted_event(pod, message))
+            await self._api.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"])
+        except (NotFound, Conflict):
+            return  # gone, or another pod of that name: nothing to do
+        except KubeError as exc:
+            log.warning("pod %s: lease evicted, not deleted: %s", key, exc)
+            return
+        self.evicted_pods += 1
+        log.info("deleted pod %s: %s", key, message)
+
+    def _spawn(self, work: Awaitable[None], uid: str) -> None:
+        task = asyncio.ensure_future(work)
+        task.set_name(f"evicted-{uid}")
+        self._settlers.add(task)
+        task.add_done_callback(self._settlers.discard)
+
     def pod(self, uid: str) -> Obj | None:
         """The pod of this UID as the watch last showed it (None: not seen or gone)."""
         return self.pods.get(uid)
@@ -119,6 +167,8 @@ class LeaseController:
         self.pods[uid] = pod
         if ended(pod) and holds_finalizer(pod):
             self._settle(pod, deleted=False)
+        elif self._evicted:
+            self._check_evicted(pod)
 
     def _settle(self, pod: Obj, *, deleted: bool) -> None:
         """Settle this pod in a task of its own; one at a time per pod (a newer state
@@ -274,6 +324,23 @@ class LeaseController:
         if _key(pod) != key or ended(pod):
             return "is gone or ended"
         return _orphaned(lease, node, _placement(pod))
+
+
+def evicted_event(pod: Obj, message: str) -> Obj:
+    meta = pod["metadata"]
+    return {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "kind": "Pod",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+        },
+        "reason": "LeaseEvicted",
+        "message": message,
+        "type": "Warning",
+        "source": {"component": SCHEDULER_NAME},
+    }
 
 
 def _placement(pod: Obj) -> tuple[str, str]:

@@ -79,6 +79,10 @@ class KubeApi(Protocol):
         server copies the Binding's ``annotations`` onto the pod in the same write."""
         ...
 
+    async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Delete the pod gracefully; 409 if the pod of that name is another (``uid``)."""
+        ...
+
     async def patch_node(self, name: str, patch: Obj) -> Obj:
         """Merge-patch a node (its labels)."""
         ...

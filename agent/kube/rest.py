@@ -299,6 +299,10 @@ class RestKubeApi:
         }
         await self._call(self._core().create_namespaced_pod_binding, name, namespace, binding)
 
+    async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        await self._call(self._core().delete_namespaced_pod, name, namespace, body=options)
+
     async def patch_node(self, name: str, patch: Obj) -> Obj:
         return await self._call(
             self._core().patch_node, name, patch, _content_type=PATCH_CONTENT_TYPES["merge"]

@@ -5,11 +5,14 @@ words (``agent.admission.policy``), from a cache instead of a call per pod."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from agent.admission.policy import DeviceView, Tally
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device, PriorityClass, ReasonCode, SharingMode
+from agent.kube.annotations import PodAsk
+from agent.kube.port import Obj
 
 
 def pod_request_id(uid: str, attempt: int = 0) -> str:
@@ -89,3 +92,23 @@ def device_views(
             )
         )
     return views
+
+
+PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
+
+
+def request_fields(pod: Obj, ask: PodAsk) -> dict[str, Any]:
+    """The agent request for this pod: its UID is the request id (a retry is the same
+    request; :func:`pod_request_id` once a lease of it has ended), its namespace the
+    tenant and the trust domain."""
+    meta = pod["metadata"]
+    return {
+        "request_id": meta["uid"],
+        "tenant": ask.tenant,
+        "trust_domain": ask.trust_domain,
+        "priority": PRIORITY[ask.priority.value],
+        "memory_bytes": ask.memory_bytes,
+        "thread_pct": ask.thread_pct,
+        "workload": f"pod:{meta['uid']}",
+        "pod": f"{meta['namespace']}/{meta['name']}",
+    }

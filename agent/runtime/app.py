@@ -27,7 +27,6 @@ from agent.core.errors import GpushareError
 from agent.core.types import Device, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.kubelet.plugin import DevicePluginServer
 from agent.runtime import checks, effective, kubelet, listeners, signals, snapshot
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
@@ -80,7 +79,7 @@ class App:
         self.devices: list[Device] = []
         self.node: NodeService | None = None
         self.control: ControlLoops | None = None
-        self.device_plugin: DevicePluginServer | None = None
+        self.device_plugin: kubelet.KubeletPlugins | None = None
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
         self.supervisor = Supervisor()

@@ -1,8 +1,9 @@
-"""The agent's kubelet device plugin, when ``kubelet.enabled``: wired here so the app
-only starts and stops it."""
+"""The agent's kubelet device plugin, when ``kubelet.enabled``, and its NRI plugin, when
+``kubelet.nri_socket`` is set too: wired here so the app only starts and stops them."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -11,6 +12,7 @@ from agent.kubelet.plugin import DevicePluginServer
 from agent.kubelet.podresources import PodResourcesClient, PodResourcesError
 from agent.kubelet.port import DEFAULT_RESOURCE_NAME as RESOURCE
 from agent.kubelet.port import AllocationRefused
+from agent.nri.plugin import NriPlugin
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.runtime.podalloc import PodAllocator, PodOfUnits
@@ -35,9 +37,38 @@ def pod_lookup(client: PodResourcesClient) -> PodOfUnits:
     return pod_of_units
 
 
+class KubeletPlugins:
+    """The device plugin, and the NRI plugin beside it when one is configured."""
+
+    def __init__(self, server: DevicePluginServer, allocator: PodAllocator) -> None:
+        self.server = server
+        self.allocator = allocator
+        self._nri: asyncio.Task[None] | None = None
+
+    @property
+    def injector(self) -> str:
+        return "nri" if self.allocator.nri_registered else "device-plugin"
+
+    def start_nri(self, socket_path: str, events: EventLog) -> None:
+        def changed(registered: bool) -> None:
+            self.allocator.nri_registered = registered
+            state = "registered with" if registered else "lost"
+            events("kubelet.nri", f"NRI plugin {state} the runtime at {socket_path}")
+
+        plugin = NriPlugin(socket_path, self.allocator.inject, on_change=changed)
+        self._nri = asyncio.create_task(plugin.run(), name="nri-plugin")
+
+    async def stop(self) -> None:
+        if self._nri is not None:
+            self._nri.cancel()
+            await asyncio.gather(self._nri, return_exceptions=True)
+        self.allocator.nri_registered = False
+        await self.server.stop()
+
+
 async def start_device_plugin(
     settings: Settings, node: NodeService, events: EventLog, *, clock: Callable[[], float]
-) -> DevicePluginServer | None:
+) -> KubeletPlugins | None:
     k = settings.kubelet
     if not k.enabled:
         return None
@@ -46,4 +77,7 @@ async def start_device_plugin(
     server = DevicePluginServer(allocator, resource_name=RESOURCE, plugin_dir=k.plugin_dir)
     await server.start()
     log.info("kubelet device plugin for %s on %s (%d units)", RESOURCE, server.socket_path, k.slots)
-    return server
+    plugins = KubeletPlugins(server, allocator)
+    if k.nri_socket:
+        plugins.start_nri(k.nri_socket, events)
+    return plugins

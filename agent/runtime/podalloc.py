@@ -17,6 +17,7 @@ from agent.config.kubelet import KubeletSettings
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Decision
 from agent.kubelet.port import AllocationRefused, ContainerAllocation, Mount
+from agent.nri.port import BindMount, Injection, InjectionRefused, PodRef
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 
@@ -24,6 +25,13 @@ log = logging.getLogger(__name__)
 
 SHM_PATH = "/dev/shm"
 KEPT = 10_000  # allocations remembered (a node runs far fewer pods)
+LEASE_ANNOTATION = "gpushare.io/lease"  # set on the pod by the binder's Binding
+# With the NRI plugin registered, Allocate hands out this marker and no device; the
+# plugin gives each container that carries it its pod's lease at CreateContainer. If
+# the plugin is gone by then, the container starts with no GPU ("void"), never another
+# pod's share.
+NRI_MARKER = "GPUSHARE_NRI"
+DEFERRED_ENV = {NRI_MARKER: "1", "NVIDIA_VISIBLE_DEVICES": "void"}
 
 # the pod ("<namespace>/<name>") whose containers hold these share units, per the kubelet
 PodOfUnits = Callable[[Sequence[str]], Awaitable[str | None]]
@@ -65,11 +73,18 @@ class PodAllocator:
         # every lease handed out, newest last: share units are given to the next pod when a
         # pod ends, so the units' entry alone would make a live lease look unallocated
         self._allocated: dict[str, None] = {}
+        self._deferred: dict[frozenset[str], None] = {}  # units handed out for NRI to fill
+        self.nri_registered = False  # set by the NRI plugin as it (un)registers
 
     def device_ids(self) -> Sequence[str]:
         return [f"share-{i}" for i in range(self._settings.slots)]
 
     async def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        if self.nri_registered:
+            self._deferred[frozenset(device_ids)] = None
+            while len(self._deferred) > KEPT:
+                del self._deferred[next(iter(self._deferred))]
+            return ContainerAllocation(envs=dict(DEFERRED_ENV))
         lease = next_hold(
             self._node.leases.values(),
             self._allocated,
@@ -102,7 +117,7 @@ class PodAllocator:
             envs=envs,
             mounts=mounts,
             cdi_devices=cdi,
-            annotations={"gpushare.io/lease": lease.lease_id},
+            annotations={LEASE_ANNOTATION: lease.lease_id},
         )
 
     def _remember(self, units: frozenset[str], lease_id: str) -> None:
@@ -116,6 +131,8 @@ class PodAllocator:
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """Refuse a container whose share units went to another pod than their lease's."""
         units = frozenset(device_ids)
+        if units in self._deferred:
+            return  # the NRI plugin checks the pod at CreateContainer
         holder = await self._pod_of_units(device_ids)
         lease_id = self._by_units.get(units) or self._lease_of_pod(holder)
         lease = self._node.leases.get(lease_id) if lease_id else None
@@ -140,3 +157,40 @@ class PodAllocator:
         """After an agent restart: the live lease made for this pod."""
         found = [x.lease_id for x in self._node.leases.values() if pod and x.pod == pod]
         return found[0] if found else None
+
+    async def inject(self, pod: PodRef, container: str, env: Sequence[str]) -> Injection | None:
+        """At CreateContainer (NRI): the lease of the container's pod, for a container
+        whose Allocate was deferred to this point; None for any other container."""
+        if f"{NRI_MARKER}=1" not in env:
+            return None
+        lease_id = pod.annotations.get(LEASE_ANNOTATION, "")
+        lease = self._node.leases.get(lease_id) if lease_id else None
+        if lease is None or lease.state not in (LeaseState.ADMITTED, LeaseState.READY):
+            raise InjectionRefused(
+                f"container {container} of pod {pod.key} asks for gpushare.io/share, but "
+                f"the pod has no live lease here ({LEASE_ANNOTATION}={lease_id or 'unset'}): "
+                "it must be bound by the gpushare scheduler"
+            )
+        if lease.pod != pod.key or lease.request_id.partition("/")[0] != pod.uid:
+            self._events(
+                "lease.allocation_mismatch",
+                f"pod {pod.key} names lease {lease.lease_id} of pod {lease.pod}: its "
+                f"container {container} is refused",
+                device_uuid=lease.device_uuid,
+                lease_id=lease.lease_id,
+            )
+            raise InjectionRefused(
+                f"lease {lease.lease_id} belongs to pod {lease.pod}, not to {pod.key}: refused"
+            )
+        if lease.lease_id not in self._allocated:
+            self._allocated[lease.lease_id] = None
+            self._events(
+                "lease.allocated",
+                f"lease {lease.lease_id} of pod {lease.pod} given to its container "
+                f"{container} by the runtime (NRI)",
+                device_uuid=lease.device_uuid,
+                lease_id=lease.lease_id,
+            )
+        allocation = self._allocation(lease)
+        mounts = [BindMount(m.host_path, m.container_path, m.read_only) for m in allocation.mounts]
+        return Injection(env=allocation.envs, mounts=mounts, annotations=allocation.annotations)

@@ -40,6 +40,7 @@ def take(app: App) -> NodeSnapshot:
         admission=node.admission_stats() if node else AdmissionStats(),
         retention_estimates=app.estimates(),
         ineffective_ratio=ineffective_ratio(leases, app.devices),
+        injector=app.device_plugin.injector if app.device_plugin else "",
         control_actions=dict(control.actions) if control else {},
         degraded_devices=tuple(control.degradation.degraded()) if control else (),
         lease_identity_mismatches_total=(

@@ -52,6 +52,7 @@ CALLS = {
     "read_namespaced_pod": ("", "pods", "get"),
     "list_pod_for_all_namespaces": ("", "pods", "list"),  # "watch" with watch=True
     "patch_namespaced_pod": ("", "pods", "patch"),
+    "delete_namespaced_pod": ("", "pods", "delete"),
     "create_namespaced_pod_binding": ("", "pods/binding", "create"),
     "patch_node": ("", "nodes", "patch"),
     "patch_node_status": ("", "nodes/status", "patch"),

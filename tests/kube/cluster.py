@@ -39,11 +39,13 @@ from agent.client import AgentClient
 from agent.kube.binder import BindOptions
 from agent.kube.rest import RestKubeApi
 from agent.kube.service import ClusterOptions, ClusterSide
+from agent.nri.wire import TtrpcError
 from tests.certs import Pki, make_pki, make_token
 from tests.helpers import agent_command, subprocess_env
 from tests.kube.apiserver import FakeApiServer, Obj, pod_manifest
 from tests.kube.scheduler import SchedulerStandIn
 from tests.kubelet.fake_kubelet import FakeKubelet, Outcome
+from tests.nri.runtime import FakeNriRuntime
 
 API_TOKEN = "api-" + "7f3a9c2e5b8d4f1a6c0e9b7d2a5f8c3e"
 SHARE = "gpushare.io/share"
@@ -75,6 +77,7 @@ class Node:
     token_file: Path
     process: subprocess.Popen[bytes] | None = None
     extra: tuple[str, ...] = ()
+    nri: FakeNriRuntime | None = None  # the runtime's NRI side, when the node has one
 
     @property
     def target(self) -> str:
@@ -100,6 +103,8 @@ class Node:
             # them, and the next agent adopts them)
             "runtime.on_stop": "quit",
         }
+        if self.nri is not None:
+            settings["kubelet.nri_socket"] = self.nri.socket_path
         sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
         return agent_command(
             "--socket",
@@ -153,6 +158,8 @@ class NodeKubelets:
         self.server = server
         self.nodes = nodes
         self.got: dict[tuple[str, str, str], Outcome] = {}  # (namespace, pod, container)
+        # the environment each container was created with, after the NRI plugin's adjustment
+        self.created: dict[tuple[str, str, str], dict[str, str]] = {}
         self.node_of: dict[str, str] = {}  # pod uid -> node it was allocated on
         self.running: set[str] = set()  # pod uids reported Running
         # called with the pod as the kubelet saw it and the phase it reported (a benchmark
@@ -162,6 +169,8 @@ class NodeKubelets:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def env(self, namespace: str, pod: str, container: str = "main") -> dict[str, str]:
+        if (created := self.created.get((namespace, pod, container))) is not None:
+            return created
         outcome = self.got[(namespace, pod, container)]
         assert outcome.response is not None, outcome.error
         return dict(outcome.response.envs)
@@ -204,7 +213,10 @@ class NodeKubelets:
             outcome = await node.kubelet.allocate(
                 meta["namespace"], meta["name"], container["name"], count
             )
-            self.got[(meta["namespace"], meta["name"], container["name"])] = outcome
+            key = (meta["namespace"], meta["name"], container["name"])
+            self.got[key] = outcome
+            if node.nri is not None and outcome.response is not None and not outcome.failed_at:
+                await self._create(node.nri, pod, key, outcome)
             if outcome.failed_at == "Allocate":
                 phase = "Failed"  # UnexpectedAdmissionError
             elif outcome.failed_at:
@@ -216,6 +228,18 @@ class NodeKubelets:
                     self.running.add(meta["uid"])
         if self.on_started is not None:
             self.on_started(pod, phase)
+
+    async def _create(
+        self, runtime: FakeNriRuntime, pod: Obj, key: tuple[str, str, str], outcome: Outcome
+    ) -> None:
+        """The runtime's CreateContainer, with the environment Allocate gave."""
+        meta = pod["metadata"]
+        sandbox = {k: meta.get(k) for k in ("name", "namespace", "uid", "annotations")}
+        env = [f"{k}={v}" for k, v in outcome.response.envs.items()]  # type: ignore[union-attr]
+        try:
+            self.created[key] = (await runtime.create_container(sandbox, key[2], env)).env
+        except TtrpcError as exc:  # CreateContainerError: the container never starts
+            outcome.error, outcome.failed_at = exc, "CreateContainer"
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
@@ -306,7 +330,9 @@ class LoopbackCluster:
             )
         self.extender_url = f"http://127.0.0.1:{port}"
 
-    def add_node(self, index: int, port: int, extra: tuple[str, ...] = ()) -> Node:
+    def add_node(
+        self, index: int, port: int, extra: tuple[str, ...] = (), *, nri: bool = False
+    ) -> Node:
         name = f"gpu-node-{index}"
         root = self.root / name
         root.mkdir()
@@ -320,6 +346,7 @@ class LoopbackCluster:
             FakeKubelet(root / "kubelet"),
             token_file,
             extra=extra,
+            nri=FakeNriRuntime(root / "nri" / "nri.sock") if nri else None,
         )
         self.nodes[name] = node
         self.api_server.create_node(name)
@@ -333,7 +360,8 @@ class LoopbackCluster:
         )
 
     async def wait_agents(self, timeout_s: float = 60.0) -> None:
-        """Until every running agent answers and its device plugin is registered."""
+        """Until every running agent answers and its device plugin (and NRI plugin, where
+        the node has a runtime with NRI) is registered."""
         async with asyncio.timeout(timeout_s):
             for node in self.nodes.values():
                 if node.process is None:
@@ -341,6 +369,8 @@ class LoopbackCluster:
                 await wait_agent(node, self.agent_token)
                 while not node.kubelet.healthy():
                     await asyncio.sleep(0.05)
+                if node.nri is not None:
+                    await node.nri.configured.wait()
 
     # -- what a user does ------------------------------------------------------------------
 
@@ -484,25 +514,28 @@ async def loopback_cluster(
     scheduler: bool = True,
     agent_args: tuple[str, ...] = (),
     start_timeout_s: float = 60.0,
+    nri: bool = False,
 ) -> AsyncIterator[tuple[LoopbackCluster, SchedulerStandIn | None]]:
     """``nodes`` agents, their kubelets, the cluster side (``inline`` in this process,
     ``process``: ``gpushare kube serve``, without the webhook) and the scheduler stand-in
     running (``scheduler=False``: schedule by hand). ``agent_args`` go to every agent's
     ``gpushare serve`` command line; ``start_timeout_s`` is how long they may take to
-    come up."""
+    come up; ``nri``: each node's runtime has NRI, and its agent registers there."""
     async with FakeApiServer(token=API_TOKEN) as api_server:
         cluster = LoopbackCluster(api_server, root, make_pki(root / "pki"))
         cluster.agent_token = os.urandom(16).hex()
         make_token(root / "agent-token", cluster.agent_token)
         port = free_port("127.0.0.2")
         for index in range(nodes):
-            cluster.add_node(index, port, agent_args)
+            cluster.add_node(index, port, agent_args, nri=nri)
         tasks: list[asyncio.Task[None]] = []
         stand_in: SchedulerStandIn | None = None
         cluster.kube = RestKubeApi.from_url(api_server.url, token=API_TOKEN)
         try:
             for node in cluster.nodes.values():
                 await node.kubelet.start()
+                if node.nri is not None:
+                    await node.nri.start()
                 node.start()
             await cluster.wait_agents(start_timeout_s)
             cluster.publish_endpoints()
@@ -538,6 +571,8 @@ async def loopback_cluster(
             for node in cluster.nodes.values():
                 node.stop()
                 await node.kubelet.stop()
+                if node.nri is not None:
+                    await node.nri.stop()
             await cluster.kube.aclose()
         for node in cluster.nodes.values():
             assert "Traceback" not in node.log_text(), node.log_text()[-4000:]

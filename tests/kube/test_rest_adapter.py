@@ -45,7 +45,7 @@ async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
 def test_it_has_every_method_of_the_port_with_its_signature() -> None:
     adapter: KubeApi = RestKubeApi.from_url("http://127.0.0.1:1")  # no I/O, no loop needed
     methods = [n for n in vars(KubeApi) if not n.startswith("_") and callable(vars(KubeApi)[n])]
-    assert len(methods) == 10
+    assert len(methods) == 11
     for name in methods:
         port, ours = (
             inspect.signature(getattr(KubeApi, name)),
@@ -171,6 +171,24 @@ async def test_bind_pod_sets_the_node_and_a_second_bind_conflicts(
         await kube.bind_pod(NS, "q", uid, "n1")
     await kube.bind_pod(NS, "q", "", "n1")
     assert api.pod(NS, "q")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+
+
+async def test_delete_pod_takes_only_the_pod_of_that_uid(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    old = api.create_pod("p", NS)
+    api.delete_pod(NS, "p", force=True)
+    api.create_pod("p", NS)  # made again under the same name
+    with pytest.raises(Conflict, match="Precondition failed"):
+        await kube.delete_pod(NS, "p", uid=old["metadata"]["uid"])
+    assert api.pod(NS, "p") is not None
+    current = api.pod(NS, "p")
+    assert current is not None
+    await kube.delete_pod(NS, "p", uid=current["metadata"]["uid"])
+    gone = api.pod(NS, "p")
+    assert gone is None or gone["metadata"].get("deletionTimestamp")
+    with pytest.raises(NotFound):
+        await kube.delete_pod(NS, "nope", uid="x")
 
 
 async def test_patch_node_merges_labels_and_patch_node_status_merges_conditions(

@@ -80,11 +80,12 @@ class Assignment:
 @dataclass
 class Outcome:
     """What one container's allocation came to: the ids picked, the plugin's answer, and
-    the gRPC error of Allocate or PreStartContainer (``failed_at`` names which)."""
+    the error of Allocate or PreStartContainer, or of the runtime's CreateContainer where
+    an NRI plugin refused it (``failed_at`` names which)."""
 
     device_ids: list[str]
     response: dp.ContainerAllocateResponse | None = None
-    error: grpc.aio.AioRpcError | None = None
+    error: Exception | None = None
     failed_at: str | None = None
 
 

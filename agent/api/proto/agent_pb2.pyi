@@ -489,7 +489,7 @@ class Window(_message.Message):
     def __init__(self, device_uuid: _Optional[str] = ..., start_at: _Optional[float] = ..., window_s: _Optional[float] = ..., sample_count: _Optional[int] = ..., mean: _Optional[_Mapping[str, float]] = ..., max: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetNodeResponse(_message.Message):
-    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct", "last_event_seq", "retention_estimates", "ineffective_ratio", "gone_devices")
+    __slots__ = ("node_name", "simulated", "agent_version", "taken_at", "devices", "mps", "latest_samples", "latest_windows", "telemetry_source", "stale_devices", "leases", "ledger", "stranded_memory_bytes", "stranded_thread_pct", "last_event_seq", "retention_estimates", "ineffective_ratio", "gone_devices", "injector")
     class RetentionEstimatesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -515,6 +515,7 @@ class GetNodeResponse(_message.Message):
     RETENTION_ESTIMATES_FIELD_NUMBER: _ClassVar[int]
     INEFFECTIVE_RATIO_FIELD_NUMBER: _ClassVar[int]
     GONE_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    INJECTOR_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     simulated: bool
     agent_version: str
@@ -533,7 +534,8 @@ class GetNodeResponse(_message.Message):
     retention_estimates: _containers.ScalarMap[str, float]
     ineffective_ratio: float
     gone_devices: _containers.RepeatedCompositeFieldContainer[GoneDevice]
-    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ..., last_event_seq: _Optional[int] = ..., retention_estimates: _Optional[_Mapping[str, float]] = ..., ineffective_ratio: _Optional[float] = ..., gone_devices: _Optional[_Iterable[_Union[GoneDevice, _Mapping]]] = ...) -> None: ...
+    injector: str
+    def __init__(self, node_name: _Optional[str] = ..., simulated: _Optional[bool] = ..., agent_version: _Optional[str] = ..., taken_at: _Optional[float] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., mps: _Optional[_Iterable[_Union[MpsDaemon, _Mapping]]] = ..., latest_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., latest_windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., telemetry_source: _Optional[str] = ..., stale_devices: _Optional[_Iterable[str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., ledger: _Optional[_Iterable[_Union[DeviceLedger, _Mapping]]] = ..., stranded_memory_bytes: _Optional[int] = ..., stranded_thread_pct: _Optional[float] = ..., last_event_seq: _Optional[int] = ..., retention_estimates: _Optional[_Mapping[str, float]] = ..., ineffective_ratio: _Optional[float] = ..., gone_devices: _Optional[_Iterable[_Union[GoneDevice, _Mapping]]] = ..., injector: _Optional[str] = ...) -> None: ...
 
 class GoneDevice(_message.Message):
     __slots__ = ("device_uuid", "since", "leases_failed", "when")

@@ -109,6 +109,10 @@ class Cache:
         clock = itertools.count(1)
         self.links = {n: Link(self.calls, clock) for n in nodes}
         self.allocated: dict[str, asyncio.Event] = {}
+        self.nri: set[str] = set()  # nodes whose agent's NRI plugin is registered
+
+    def injector(self, node: str) -> str:
+        return "nri" if node in self.nri else "device-plugin"
 
     def link(self, node: str) -> Link | None:
         return self.links.get(node)
@@ -291,3 +295,21 @@ async def test_a_failed_gang_frees_the_line(failure: str) -> None:
     assert all(results), results
     # the line is free: a later pod binds at once, with no 30 s hold waited out
     assert await asyncio.wait_for(b.bind(NS, "c", "uid-c", "n1"), 2) == ""
+
+
+async def test_on_a_node_with_nri_binds_wait_for_no_other() -> None:
+    api, cache = Api(pod("a"), pod("b"), pod("g0", gang="g", size=2)), Cache(["n1"])
+    cache.nri.add("n1")
+    api.hold = True  # every Binding waits: none is allocated meanwhile
+    b = binder(api, cache)
+    binds = [
+        asyncio.create_task(b.bind(NS, name, f"uid-{name}", "n1")) for name in ("a", "b", "g0")
+    ]
+    await until(lambda: len([c for c in cache.calls if c.startswith("admit")]) == 2)
+    api.pods["g1"] = pod("g1", gang="g", size=2)
+    binds.append(asyncio.create_task(b.bind(NS, "g1", "uid-g1", "n1")))
+    await until(lambda: "commit team/g" in cache.calls)  # the gang commits at once too
+    api.released.set()
+    assert await asyncio.gather(*binds) == ["", "", "", ""]
+    assert not any(c.startswith("allocated") for c in cache.calls)
+    assert {name for name, _node, _a in api.bindings} == {"a", "b", "g0", "g1"}

@@ -51,6 +51,14 @@ class Api:
         self.reads: list[str] = []
         self.fail_reads = False
         self.patches: list[str] = []
+        self.deleted: list[tuple[str, str]] = []  # name, uid
+        self.events: list[Obj] = []
+
+    async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        self.deleted.append((name, uid))
+
+    async def create_event(self, namespace: str, event: Obj) -> None:
+        self.events.append(event)
 
     async def get_pod(self, namespace: str, name: str) -> Obj:
         self.reads.append(name)
@@ -86,6 +94,7 @@ class Cache:
         entry = NodeEntry(NODE, "127.0.0.1:9807")
         entry.snapshot = pb.GetNodeResponse(leases=list(leases))
         self.nodes = {NODE: entry}
+        self.listeners: list[Any] = []
 
     def link(self, node: str) -> Link | None:
         return self.the_link if node in self.nodes else None
@@ -167,6 +176,33 @@ async def test_a_settling_that_gave_up_is_tried_again_by_the_reconcile() -> None
     await leases.reconcile()
     await _until(lambda: api.patches == ["p"])
     assert cache.the_link.released == ["L-p"]
+
+
+@pytest.mark.parametrize("event_first", [False, True], ids=["pod seen first", "event first"])
+async def test_a_pod_whose_lease_its_agent_evicted_is_deleted(event_first: bool) -> None:
+    bound = pod("p", node=NODE, lease="L-p", phase="Running")
+    api, cache = Api(bound), Cache()
+    leases = controller(api, cache)
+    evicted = pb.Event(kind="lease.evicted", lease_id="L-p", message="preempted by L-g")
+    other = pb.Event(kind="lease.evicted", lease_id="L-x", message="device degraded")
+    steps = [
+        lambda: leases.handle(bound),
+        lambda: _emit(cache, evicted),
+        lambda: _emit(cache, other),
+    ]
+    for step in steps[::-1] if event_first else steps:
+        await step()
+    await _until(lambda: api.deleted == [("p", "uid-p")])
+    assert [e["reason"] for e in api.events] == ["LeaseEvicted"]
+    assert "preempted by L-g" in api.events[0]["message"]
+    await leases.handle(bound)  # seen again: deleted once
+    await asyncio.sleep(0.05)
+    assert api.deleted == [("p", "uid-p")] and leases.evicted_pods == 1
+
+
+async def _emit(cache: Cache, event: pb.Event) -> None:
+    for listener in cache.listeners:
+        listener(NODE, event)
 
 
 async def _until(predicate: Any, timeout_s: float = 2.0) -> None:
