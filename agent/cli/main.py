@@ -233,6 +233,7 @@ def _status_text(node: Any) -> str:
     header = (
         f"node {node.node_name} ({mode}), agent {node.agent_version}, "
         f"telemetry {node.telemetry_source or '-'}"
+        + (f", leases reach pods by {node.injector}" if node.injector else "")
     )
     columns = ["IDX", "UUID", "MODEL", "MEMORY", "MODE", "STATE", "MPS", "GPU UTIL", "COUNTERS"]
     body = table(columns, rows)
