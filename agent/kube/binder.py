@@ -197,7 +197,7 @@ class Binder:
         try:
             if not turn.free:
                 await self._wait_turn(node, turn)
-                line.start(turn)
+            line.start(turn)  # a free one too: should the node lose NRI, the next waits
             yield
         except BaseException:
             line.end(turn, "", self._clock())

@@ -175,7 +175,10 @@ class AgentCache:
         try:
             async for event in link.watch_events(since_seq=entry.snapshot.last_event_seq):
                 for listener in self.listeners:
-                    listener(entry.node_name, event)
+                    try:
+                        listener(entry.node_name, event)
+                    except Exception:  # a listener's bug must not stop this agent's stream
+                        log.exception("event listener failed on %s", entry.node_name)
                 if event.kind == ALLOCATED:
                     _remember(entry.allocated_ids, event.lease_id)
                     if waiter := entry.allocated.get(event.lease_id):

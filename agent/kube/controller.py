@@ -70,7 +70,7 @@ class LeaseController:
         self.evicted_pods = 0  # pods deleted because an agent evicted their lease
         # lease id -> (node, why) of leases evicted lately: a pod bound with one after
         # the event came is found by its own update
-        self._evicted: dict[str, tuple[str, str]] = {}
+        self._evicted: dict[str, tuple[str, str, str]] = {}  # lease id -> node, pod uid, why
         cache.listeners.append(self._agent_event)
 
     async def run(self) -> None:
@@ -110,7 +110,10 @@ class LeaseController:
         preempts, so its owner places it again; an event (LeaseEvicted) on it says why."""
         if event.kind != EVICTED or not event.lease_id:
             return
-        self._evicted[event.lease_id] = (node, event.message)
+        # the lease's own pod: its request id is the pod's UID (never the annotation alone,
+        # which a user could point at another pod's lease)
+        uid = pod_uid_of(event.attrs.get("request_id", ""))
+        self._evicted[event.lease_id] = (node, uid, event.message)
         while len(self._evicted) > EVICTED_KEPT:
             del self._evicted[next(iter(self._evicted))]
         for pod in list(self.pods.values()):
@@ -118,25 +121,39 @@ class LeaseController:
 
     def _check_evicted(self, pod: Obj) -> None:
         lease_id = annotations_of(pod).get(LEASE_ANNOTATION, "")
-        node, why = self._evicted.get(lease_id, ("", ""))
-        if node and (pod.get("spec") or {}).get("nodeName") == node and not ended(pod):
+        node, uid, why = self._evicted.get(lease_id, ("", "", ""))
+        meta = pod["metadata"]
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if node and uid == meta["uid"] and bound == node and not ended(pod):
             del self._evicted[lease_id]
-            self._spawn(self._delete_evicted(pod, node, why), pod["metadata"]["uid"])
+            self._spawn(self._delete_evicted(pod, node, why), meta["uid"])
 
     async def _delete_evicted(self, pod: Obj, node: str, why: str) -> None:
+        """Delete the pod (tried again with backoff), then say why in an event (best
+        effort: the deletion is what matters)."""
         meta = pod["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
         message = f"its lease on {node} was evicted ({why}): deleted, to be placed again"
-        try:
-            await self._api.create_event(meta["namespace"], evicted_event(pod, message))
-            await self._api.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"])
-        except (NotFound, Conflict):
-            return  # gone, or another pod of that name: nothing to do
-        except KubeError as exc:
-            log.warning("pod %s: lease evicted, not deleted: %s", key, exc)
+        delay_s = RETRY_FIRST_S
+        for _ in range(SETTLE_TRIES):
+            try:
+                await self._api.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"])
+                break
+            except (NotFound, Conflict):
+                return  # gone, or another pod of that name: nothing to do
+            except KubeError as exc:
+                log.warning("pod %s: lease evicted, not deleted yet: %s", key, exc)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RETRY_MAX_S)
+        else:
+            log.error("pod %s: lease evicted, not deleted after %d tries", key, SETTLE_TRIES)
             return
         self.evicted_pods += 1
         log.info("deleted pod %s: %s", key, message)
+        try:
+            await self._api.create_event(meta["namespace"], evicted_event(pod, message))
+        except KubeError as exc:
+            log.warning("pod %s: no LeaseEvicted event: %s", key, exc)
 
     def _spawn(self, work: Awaitable[None], uid: str) -> None:
         task = asyncio.ensure_future(work)

@@ -55,9 +55,15 @@ class NriPlugin:
             try:
                 await self._serve_once()
                 delay_s = RETRY_FIRST_S
-            except (OSError, TimeoutError, ConnectionError, TtrpcError) as exc:
+            except Exception as exc:  # any end of a session (a broken frame too): again
                 where = self._socket_path
-                log.warning("NRI plugin: %s: %s; connecting again in %.1f s", where, exc, delay_s)
+                log.warning(
+                    "NRI plugin: %s: %s: %s; connecting again in %.1f s",
+                    where,
+                    type(exc).__name__,
+                    exc,
+                    delay_s,
+                )
             finally:
                 self._set_registered(False)
             await asyncio.sleep(delay_s)
@@ -76,7 +82,7 @@ class NriPlugin:
                 RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), REGISTER_TIMEOUT_S
             )
             async with asyncio.timeout(REGISTER_TIMEOUT_S):
-                await self._configured.wait()
+                await self._configured.wait()  # configured and synchronized
             self._set_registered(True)
             log.info("NRI plugin %s-%s registered with %s", self._index, self._name, self.runtime)
             await reading
@@ -99,10 +105,11 @@ class NriPlugin:
         if method == "Configure":
             configure = pb.ConfigureRequest.FromString(payload)
             self.runtime = f"{configure.runtime_name} {configure.runtime_version}".strip()
-            self._configured.set()
             return pb.ConfigureResponse(events=EVENTS).SerializeToString()
         if method == "Synchronize":  # nothing to change in the containers already there
             more = pb.SynchronizeRequest.FromString(payload).more
+            if not more:  # the last part: the runtime calls this plugin from now on
+                self._configured.set()
             return pb.SynchronizeResponse(more=more).SerializeToString()
         if method == "CreateContainer":
             return await self._create_container(pb.CreateContainerRequest.FromString(payload))

@@ -180,16 +180,17 @@ class Session:
             task.add_done_callback(self._handling.discard)
 
     async def _answer(self, message: Message) -> None:
-        request = ttrpc_pb2.Request.FromString(message.payload)
         response = ttrpc_pb2.Response()
         try:
+            request = ttrpc_pb2.Request.FromString(message.payload)
             response.payload = await self._handler(request.service, request.method, request.payload)
         except TtrpcError as exc:
             response.status.code, response.status.message = exc.code, exc.message
         except Exception as exc:  # a bug answers INTERNAL, never kills the session
-            log.exception("NRI %s.%s failed", request.service, request.method)
+            log.exception("NRI call on stream %d failed", message.stream_id)
             response.status.code, response.status.message = INTERNAL, str(exc)
-        self._send(self._serve_conn, message.stream_id, RESPONSE, response.SerializeToString())
+        with contextlib.suppress(ConnectionError):  # the peer went: nobody to answer
+            self._send(self._serve_conn, message.stream_id, RESPONSE, response.SerializeToString())
 
     def _send(self, conn_id: int, stream_id: int, kind: int, payload: bytes) -> None:
         if self._writer.is_closing():

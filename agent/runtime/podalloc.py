@@ -80,8 +80,10 @@ class PodAllocator:
         return [f"share-{i}" for i in range(self._settings.slots)]
 
     async def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        units = frozenset(device_ids)
         if self.nri_registered:
-            self._deferred[frozenset(device_ids)] = None
+            self._by_units.pop(units, None)  # reused units: what they carry now is this
+            self._deferred[units] = None
             while len(self._deferred) > KEPT:
                 del self._deferred[next(iter(self._deferred))]
             return ContainerAllocation(envs=dict(DEFERRED_ENV))
@@ -97,7 +99,8 @@ class PodAllocator:
                 "gpushare.io/share must be bound by the gpushare scheduler (and within "
                 f"{self._settings.hold_s:.0f} s)"
             )
-        self._remember(frozenset(device_ids), lease.lease_id)
+        self._deferred.pop(units, None)  # reused units: checked with PodResources again
+        self._remember(units, lease.lease_id)
         self._events(
             "lease.allocated",
             f"lease {lease.lease_id} of pod {lease.pod} allocated by the kubelet",
@@ -122,9 +125,12 @@ class PodAllocator:
 
     def _remember(self, units: frozenset[str], lease_id: str) -> None:
         self._by_units[units] = lease_id
-        self._allocated[lease_id] = None
         while len(self._by_units) > KEPT:
             del self._by_units[next(iter(self._by_units))]
+        self._mark_allocated(lease_id)
+
+    def _mark_allocated(self, lease_id: str) -> None:
+        self._allocated[lease_id] = None
         while len(self._allocated) > KEPT:
             del self._allocated[next(iter(self._allocated))]
 
@@ -183,7 +189,7 @@ class PodAllocator:
                 f"lease {lease.lease_id} belongs to pod {lease.pod}, not to {pod.key}: refused"
             )
         if lease.lease_id not in self._allocated:
-            self._allocated[lease.lease_id] = None
+            self._mark_allocated(lease.lease_id)
             self._events(
                 "lease.allocated",
                 f"lease {lease.lease_id} of pod {lease.pod} given to its container "

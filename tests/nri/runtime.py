@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.nri.proto import nri_pb2 as pb
-from agent.nri.wire import PLUGIN_CONN, RUNTIME_CONN, UNIMPLEMENTED, Session, TtrpcError
+from agent.nri.wire import (
+    MAX_MESSAGE,
+    PLUGIN_CONN,
+    RUNTIME_CONN,
+    TTRPC_HEADER,
+    UNIMPLEMENTED,
+    Session,
+    TtrpcError,
+    frames,
+)
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
@@ -59,6 +68,12 @@ class FakeNriRuntime:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def break_frame(self) -> None:
+        """Send the plugin a ttrpc header over the size limit: its session must end."""
+        assert self._session is not None
+        header = TTRPC_HEADER.pack(MAX_MESSAGE + 1, 1, 1, 0)
+        self._session._writer.write(frames(PLUGIN_CONN, header))
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = Session(

@@ -137,3 +137,25 @@ async def test_without_the_runtime_allocate_pairs_leases_again(
     await runtime.start()  # back: the plugin connects and registers again
     await eventually(lambda: agent.snapshot().injector == "nri", timeout=10)
     assert runtime.plugins == ["10-gpushare"] * 2  # registered once per connection
+
+
+async def test_units_handed_out_under_nri_are_checked_again_once_it_is_gone(
+    agent: App, kubelet: FakeKubelet, runtime: FakeNriRuntime
+) -> None:
+    first = await kubelet.allocate("ns", "a", "main", 1)  # under NRI: the marker
+    assert first.error is None
+    kubelet.release("ns", "a")  # that pod went: its units are free again
+    await runtime.stop()
+    await eventually(lambda: agent.snapshot().injector == "device-plugin")
+    await admit(agent, "b", 4)  # b's lease waits for b's Allocate
+    stolen = await kubelet.allocate("ns", "intruder", "main", 1)  # the same units
+    assert stolen.device_ids == first.device_ids
+    assert stolen.failed_at == "PreStartContainer", "the PodResources check must run again"
+
+
+async def test_a_broken_frame_ends_the_session_and_the_plugin_registers_again(
+    agent: App, runtime: FakeNriRuntime
+) -> None:
+    runtime.break_frame()
+    await eventually(lambda: runtime.plugins == ["10-gpushare"] * 2, timeout=10)
+    await eventually(lambda: agent.snapshot().injector == "nri")

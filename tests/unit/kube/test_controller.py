@@ -183,8 +183,18 @@ async def test_a_pod_whose_lease_its_agent_evicted_is_deleted(event_first: bool)
     bound = pod("p", node=NODE, lease="L-p", phase="Running")
     api, cache = Api(bound), Cache()
     leases = controller(api, cache)
-    evicted = pb.Event(kind="lease.evicted", lease_id="L-p", message="preempted by L-g")
-    other = pb.Event(kind="lease.evicted", lease_id="L-x", message="device degraded")
+    evicted = pb.Event(
+        kind="lease.evicted",
+        lease_id="L-p",
+        message="preempted by L-g",
+        attrs={"request_id": "uid-p/1"},  # the pod's second lease
+    )
+    other = pb.Event(
+        kind="lease.evicted",
+        lease_id="L-x",
+        message="device degraded",
+        attrs={"request_id": "uid-x"},
+    )
     steps = [
         lambda: leases.handle(bound),
         lambda: _emit(cache, evicted),
@@ -198,6 +208,41 @@ async def test_a_pod_whose_lease_its_agent_evicted_is_deleted(event_first: bool)
     await leases.handle(bound)  # seen again: deleted once
     await asyncio.sleep(0.05)
     assert api.deleted == [("p", "uid-p")] and leases.evicted_pods == 1
+
+
+async def test_a_pod_pointing_its_annotation_at_an_evicted_lease_is_not_deleted() -> None:
+    intruder = pod("q", node=NODE, lease="L-p", phase="Running")  # L-p is pod p's
+    api, cache = Api(intruder), Cache()
+    leases = controller(api, cache)
+    await leases.handle(intruder)
+    event = pb.Event(kind="lease.evicted", lease_id="L-p", attrs={"request_id": "uid-p"})
+    await _emit(cache, event)
+    await asyncio.sleep(0.05)
+    assert api.deleted == []
+
+
+async def test_the_deletion_is_tried_again_and_the_event_is_best_effort() -> None:
+    bound = pod("p", node=NODE, lease="L-p", phase="Running")
+    api, cache = Api(bound), Cache()
+    failures = [KubeError(503, "ServiceUnavailable", "busy")]
+    real_delete = api.delete_pod
+
+    async def flaky_delete(namespace: str, name: str, *, uid: str) -> None:
+        if failures:
+            raise failures.pop()
+        await real_delete(namespace, name, uid=uid)
+
+    async def no_event(namespace: str, event: Obj) -> None:
+        raise KubeError(500, "InternalError", "events are down")
+
+    api.delete_pod = flaky_delete  # type: ignore[method-assign]
+    api.create_event = no_event  # type: ignore[method-assign]
+    leases = controller(api, cache)
+    await leases.handle(bound)
+    event = pb.Event(kind="lease.evicted", lease_id="L-p", attrs={"request_id": "uid-p"})
+    await _emit(cache, event)
+    await _until(lambda: api.deleted == [("p", "uid-p")], timeout_s=3.0)
+    assert leases.evicted_pods == 1
 
 
 async def _emit(cache: Cache, event: pb.Event) -> None:
