@@ -44,6 +44,7 @@ class NodeEntry:
     # the views of the last (snapshot, pending) seen, and the pod UIDs with a lease there
     views: tuple[object, int, list[DeviceView], frozenset[str]] | None = None
     pending_version: int = 0
+    last_seq: int = 0  # the newest event seen: a stream that breaks resumes after it
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -172,8 +173,12 @@ class AgentCache:
         refresher = asyncio.create_task(
             self._refresh(entry, link), name=f"refresh-{entry.node_name}"
         )
+        since = entry.snapshot.last_event_seq
+        if 0 < entry.last_seq <= since:  # a stream that broke: what came meanwhile too
+            since = entry.last_seq  # (a seq past the agent's last: its state was wiped)
         try:
-            async for event in link.watch_events(since_seq=entry.snapshot.last_event_seq):
+            async for event in link.watch_events(since_seq=since):
+                entry.last_seq = max(entry.last_seq, event.seq)
                 for listener in self.listeners:
                     try:
                         listener(entry.node_name, event)
