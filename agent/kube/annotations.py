@@ -48,6 +48,7 @@ from agent.admission.sizing import Mode, SizingSpec, size
 from agent.core.errors import UnitError, ValidationError
 from agent.core.types import PriorityClass
 from agent.core.units import parse_bytes
+from agent.kubelet.port import LEASE_ANNOTATION  # the lease id, set by the binder
 
 PREFIX = "gpushare.io/"
 MEMORY_ANNOTATION = "gpushare.io/memory"
@@ -61,7 +62,6 @@ REQUEST_ANNOTATIONS = (
     MEMORY_ANNOTATION, SIZING_ANNOTATION, THREADS_ANNOTATION,
     PRIORITY_ANNOTATION, GANG_ANNOTATION, GANG_SIZE_ANNOTATION,
 )  # fmt: skip
-LEASE_ANNOTATION = "gpushare.io/lease"  # the lease id, written by the binder
 NODE_AGENT_ANNOTATION = "gpushare.io/node-agent"  # the agent target the lease is on
 # What the cluster side writes: never set by a pod's author.
 CLUSTER_ANNOTATIONS = (LEASE_ANNOTATION, NODE_AGENT_ANNOTATION)

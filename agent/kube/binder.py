@@ -29,11 +29,12 @@ import grpc
 
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import ENDED_REQUEST_ID_HINT
-from agent.kube.annotations import LEASE_ANNOTATION, AnnotationError, PodAsk, parse_ask
+from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
 from agent.kube.cache import AgentCache
 from agent.kube.line import Line, Turn, until_either
 from agent.kube.port import Conflict, KubeApi, KubeError, NotFound, Obj
 from agent.kube.views import lease_of, pod_request_id, request_fields
+from agent.kubelet.port import LEASE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class Binder:
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
         link = self._link(node)
         fields = request_fields(pod, ask)
-        turn = self._line(node).join() if self._in_line(node) else Turn(free=True)
+        [turn] = self._new_turns(node, 1)
         async with self._turn_taken(node, turn):
             answer = await self._granted(
                 node,
@@ -195,9 +196,8 @@ class Binder:
         nothing bound."""
         line = self._line(node)
         try:
-            if not turn.free:
-                await self._wait_turn(node, turn)
-            line.start(turn)  # a free one too: should the node lose NRI, the next waits
+            await self._wait_turn(node, turn)  # none to wait for outside a line (NRI)
+            line.start(turn)  # started last either way: should the node lose NRI, the next waits
             yield
         except BaseException:
             line.end(turn, "", self._clock())
@@ -290,10 +290,7 @@ class Binder:
         for node, lease in sorted(gang.members.values(), key=lambda m: m[1].created_at):
             by_node.setdefault(node, []).append(lease)
         for node, leases in by_node.items():
-            if self._in_line(node):
-                turns = self._line(node).join_front(len(leases))
-            else:
-                turns = [Turn(gang=True, free=True) for _ in leases]
+            turns = self._new_turns(node, len(leases), gang=True)
             gang.turns.update(zip((x.lease_id for x in leases), turns, strict=True))
         try:
             for node, leases in sorted(by_node.items()):
@@ -352,10 +349,14 @@ class Binder:
             if not self.queued[node]:
                 del self.queued[node]
 
-    def _in_line(self, node: str) -> bool:
-        """Whether binds to ``node`` go one at a time: not when its agent's NRI plugin is
+    def _new_turns(self, node: str, count: int, *, gang: bool = False) -> list[Turn]:
+        """Places for binds to ``node``: at the end of its line (a gang's ahead of the pods
+        waiting), or in no line, waiting for no other, when its agent's NRI plugin is
         registered with the runtime (it gives each container its own pod's lease)."""
-        return self._cache.injector(node) != "nri"
+        if self._cache.injector(node) == "nri":
+            return [Turn(gang=gang) for _ in range(count)]
+        line = self._line(node)
+        return line.join_front(count) if gang else [line.join() for _ in range(count)]
 
     def _line(self, node: str) -> Line:
         return self._lines.setdefault(node, Line())

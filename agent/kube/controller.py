@@ -19,10 +19,11 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from agent.api.proto import agent_pb2 as pb
-from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME
+from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
 from agent.kube.cache import AgentCache
 from agent.kube.port import Conflict, Gone, KubeApi, KubeError, NotFound, Obj, annotations_of
 from agent.kube.views import pod_uid_of
+from agent.kubelet.port import LEASE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +65,13 @@ class LeaseController:
         self.released = 0
         # uid -> the newest (pod, deleted) seen while its settling runs, or None
         self._settling: dict[str, tuple[Obj, bool] | None] = {}
-        self._settlers: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # settlings and evicted pods' deletions
         self._slots = asyncio.Semaphore(SETTLE_CONCURRENCY)
         self._unsettled: set[str] = set()  # ended pods whose settling gave up (reconcile retries)
         self.evicted_pods = 0  # pods deleted because an agent evicted their lease
-        # lease id -> (node, why) of leases evicted lately: a pod bound with one after
-        # the event came is found by its own update
-        self._evicted: dict[str, tuple[str, str, str]] = {}  # lease id -> node, pod uid, why
+        # leases evicted lately, by id: (node, pod uid, why); a pod bound with one after the
+        # event came is found by its own update
+        self._evicted: dict[str, tuple[str, str, str]] = {}
         cache.listeners.append(self._agent_event)
 
     async def run(self) -> None:
@@ -90,7 +91,7 @@ class LeaseController:
                     await asyncio.sleep(delay_s)
                     delay_s = min(delay_s * 2, RETRY_MAX_S)
         finally:
-            tasks = [reconciling, *self._settlers]
+            tasks = [reconciling, *self._tasks]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -126,7 +127,7 @@ class LeaseController:
         bound = (pod.get("spec") or {}).get("nodeName")
         if node and uid == meta["uid"] and bound == node and not ended(pod):
             del self._evicted[lease_id]
-            self._spawn(self._delete_evicted(pod, node, why), meta["uid"])
+            self._spawn(self._delete_evicted(pod, node, why), f"evicted-{meta['uid']}")
 
     async def _delete_evicted(self, pod: Obj, node: str, why: str) -> None:
         """Delete the pod (tried again with backoff), then say why in an event (best
@@ -134,19 +135,15 @@ class LeaseController:
         meta = pod["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
         message = f"its lease on {node} was evicted ({why}): deleted, to be placed again"
-        delay_s = RETRY_FIRST_S
-        for _ in range(SETTLE_TRIES):
+
+        async def delete() -> bool:
             try:
                 await self._api.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"])
-                break
             except (NotFound, Conflict):
-                return  # gone, or another pod of that name: nothing to do
-            except KubeError as exc:
-                log.warning("pod %s: lease evicted, not deleted yet: %s", key, exc)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, RETRY_MAX_S)
-        else:
-            log.error("pod %s: lease evicted, not deleted after %d tries", key, SETTLE_TRIES)
+                return False  # gone, or another pod of that name: nothing to do
+            return True
+
+        if not await self._retrying(f"pod {key}: lease evicted, not deleted", delete):
             return
         self.evicted_pods += 1
         log.info("deleted pod %s: %s", key, message)
@@ -155,11 +152,25 @@ class LeaseController:
         except KubeError as exc:
             log.warning("pod %s: no LeaseEvicted event: %s", key, exc)
 
-    def _spawn(self, work: Awaitable[None], uid: str) -> None:
+    async def _retrying(self, what: str, attempt: Callable[[], Awaitable[bool]]) -> bool:
+        """``attempt()``'s answer, tried again with backoff after an API error; False once
+        ``SETTLE_TRIES`` have failed (what is left is the next reconcile's)."""
+        delay_s = RETRY_FIRST_S
+        for _ in range(SETTLE_TRIES):
+            try:
+                return await attempt()
+            except KubeError as exc:
+                log.warning("%s: %s; again in %.1f s", what, exc, delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RETRY_MAX_S)
+        log.error("%s after %d tries", what, SETTLE_TRIES)
+        return False
+
+    def _spawn(self, work: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(work)
-        task.set_name(f"evicted-{uid}")
-        self._settlers.add(task)
-        task.add_done_callback(self._settlers.discard)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def pod(self, uid: str) -> Obj | None:
         """The pod of this UID as the watch last showed it (None: not seen or gone)."""
@@ -195,9 +206,7 @@ class LeaseController:
             self._settling[uid] = (pod, deleted)
             return
         self._settling[uid] = None
-        task = asyncio.create_task(self._settle_pod(uid, pod, deleted), name=f"settle-{uid}")
-        self._settlers.add(task)
-        task.add_done_callback(self._settlers.discard)
+        self._spawn(self._settle_pod(uid, pod, deleted), f"settle-{uid}")
 
     async def _settle_pod(self, uid: str, pod: Obj, deleted: bool) -> None:
         try:
@@ -216,19 +225,15 @@ class LeaseController:
     async def _settle_once(self, pod: Obj, deleted: bool) -> bool:
         """Release the pod's leases, then (unless it is gone) drop its finalizer; an API
         error is tried again with backoff. False: left to the next reconcile."""
-        delay_s = RETRY_FIRST_S
-        for _ in range(SETTLE_TRIES):
-            try:
-                if not await self._release_of(pod):
-                    return False  # an agent did not answer: its release is logged
-                if not deleted:
-                    await self._drop_finalizer(pod)
-                return True
-            except KubeError as exc:
-                log.warning("pod %s: %s; again in %.1f s", _key(pod)[0], exc, delay_s)
-            await asyncio.sleep(delay_s)
-            delay_s = min(delay_s * 2, RETRY_MAX_S)
-        return False
+
+        async def settle() -> bool:
+            if not await self._release_of(pod):
+                return False  # an agent did not answer: its release is logged
+            if not deleted:
+                await self._drop_finalizer(pod)
+            return True
+
+        return await self._retrying(f"pod {_key(pod)[0]} not settled", settle)
 
     async def _release_of(self, pod: Obj) -> bool:
         """Release the pod's leases; True once none is live. A lease is the pod's by the

@@ -22,9 +22,6 @@ class Turn:
 
     previous: Turn | None = None
     gang: bool = False
-    # in no line: the node's runtime says which pod a container is for (its agent's NRI
-    # plugin is registered), so this bind waits for no other
-    free: bool = False
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     lease_id: str = ""

@@ -9,22 +9,12 @@ from typing import Any
 
 from agent.admission.policy import DeviceView, Tally
 from agent.api.proto import agent_pb2 as pb
-from agent.core.lease import Lease, LeaseState
+from agent.core.lease import Lease, LeaseState, pod_request_id, pod_uid_of
 from agent.core.types import Device, PriorityClass, ReasonCode, SharingMode
 from agent.kube.annotations import PodAsk
 from agent.kube.port import Obj
 
-
-def pod_request_id(uid: str, attempt: int = 0) -> str:
-    """The request id of a pod's ``attempt``-th lease: its UID, then ``<uid>/<n>``. A pod
-    whose lease ended before it was bound (a failed bind gave it back, its gang was
-    aborted) needs a new request id: the agent never reuses the id of an ended lease."""
-    return uid if attempt == 0 else f"{uid}/{attempt}"
-
-
-def pod_uid_of(request_id: str) -> str:
-    """The pod UID a request id was made from (:func:`pod_request_id`)."""
-    return request_id.partition("/")[0]
+__all__ = ["pod_request_id", "pod_uid_of"]  # the request-id convention, from agent.core
 
 
 def device_of(message: pb.Device) -> Device:

@@ -46,7 +46,6 @@ from agent.core.errors import ConfigError
 from agent.kube.annotations import (
     CLUSTER_ANNOTATIONS,
     FINALIZER,
-    LEASE_ANNOTATION,
     REQUEST_ANNOTATIONS,
     SCHEDULER_NAME,
     AnnotationError,
@@ -57,6 +56,7 @@ from agent.kube.annotations import (
     shown,
     wants_share,
 )
+from agent.kubelet.port import LEASE_ANNOTATION
 
 log = logging.getLogger(__name__)
 

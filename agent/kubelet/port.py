@@ -7,6 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# The pod annotation naming its lease (the cluster side's binder sets it with the Binding;
+# the agent puts it on the containers it gives the lease to).
+LEASE_ANNOTATION = "gpushare.io/lease"
+
 DEFAULT_RESOURCE_NAME = "gpushare.io/share"
 
 

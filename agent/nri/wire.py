@@ -76,8 +76,9 @@ class StreamParser:
     """Bytes in, whole messages out: a parser for the frames of the socket (``mux``) or the
     ttrpc messages of one connection."""
 
-    def __init__(self, header: struct.Struct, limit: int) -> None:
+    def __init__(self, header: struct.Struct, length_at: int, limit: int) -> None:
         self._header = header
+        self._length_at = length_at  # which field of the header is the payload's length
         self._limit = limit
         self._buffer = bytearray()
 
@@ -86,7 +87,7 @@ class StreamParser:
         found = []
         while len(self._buffer) >= self._header.size:
             fields = self._header.unpack_from(self._buffer)
-            length = fields[0] if self._header is TTRPC_HEADER else fields[1]
+            length = fields[self._length_at]
             if length > self._limit:
                 raise WireError(f"a message of {length} bytes is over {self._limit}")
             end = self._header.size + length
@@ -95,6 +96,16 @@ class StreamParser:
             found.append((fields, bytes(self._buffer[self._header.size : end])))
             del self._buffer[:end]
         return found
+
+
+def mux_parser() -> StreamParser:
+    """The socket's frames: (connection id, length), then the payload."""
+    return StreamParser(MUX_HEADER, 1, MAX_FRAME + MAX_MESSAGE)
+
+
+def ttrpc_parser() -> StreamParser:
+    """One connection's ttrpc messages: (length, stream id, type, flags), then the body."""
+    return StreamParser(TTRPC_HEADER, 0, MAX_MESSAGE)
 
 
 class Session:
@@ -114,8 +125,8 @@ class Session:
         self._reader, self._writer = reader, writer
         self._serve_conn, self._call_conn = serve_conn, call_conn
         self._handler = handler
-        self._mux = StreamParser(MUX_HEADER, MAX_FRAME + MAX_MESSAGE)
-        self._conns = {c: StreamParser(TTRPC_HEADER, MAX_MESSAGE) for c in (serve_conn, call_conn)}
+        self._mux = mux_parser()
+        self._conns = {c: ttrpc_parser() for c in (serve_conn, call_conn)}
         self._streams = itertools.count(1, 2)
         self._calls: dict[int, asyncio.Future[ttrpc_pb2.Response]] = {}
         self._handling: set[asyncio.Task[None]] = set()

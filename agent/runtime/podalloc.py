@@ -14,9 +14,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from agent.config.kubelet import KubeletSettings
-from agent.core.lease import Lease, LeaseState
+from agent.core.lease import Lease, LeaseState, pod_uid_of
 from agent.core.types import Decision
-from agent.kubelet.port import AllocationRefused, ContainerAllocation, Mount
+from agent.kubelet.port import LEASE_ANNOTATION, AllocationRefused, ContainerAllocation, Mount
 from agent.nri.port import BindMount, Injection, InjectionRefused, PodRef
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 SHM_PATH = "/dev/shm"
 KEPT = 10_000  # allocations remembered (a node runs far fewer pods)
-LEASE_ANNOTATION = "gpushare.io/lease"  # set on the pod by the binder's Binding
 # With the NRI plugin registered, Allocate hands out this marker and no device; the
 # plugin gives each container that carries it its pod's lease at CreateContainer. If
 # the plugin is gone by then, the container starts with no GPU ("void"), never another
@@ -177,7 +176,7 @@ class PodAllocator:
                 f"the pod has no live lease here ({LEASE_ANNOTATION}={lease_id or 'unset'}): "
                 "it must be bound by the gpushare scheduler"
             )
-        if lease.pod != pod.key or lease.request_id.partition("/")[0] != pod.uid:
+        if lease.pod != pod.key or pod_uid_of(lease.request_id) != pod.uid:
             self._events(
                 "lease.allocation_mismatch",
                 f"pod {pod.key} names lease {lease.lease_id} of pod {lease.pod}: its "

@@ -23,7 +23,9 @@ from agent.nri.wire import (
     TtrpcError,
     WireError,
     frames,
+    mux_parser,
     ttrpc_message,
+    ttrpc_parser,
 )
 from tests.helpers import REPO
 
@@ -51,7 +53,7 @@ def test_a_message_goes_in_frames_of_at_most_4096_bytes(size: int) -> None:
 )
 def test_messages_come_out_whole_whatever_the_reads(payloads: list[bytes], cuts: list[int]) -> None:
     stream = b"".join(frames(1, ttrpc_message(2 * i + 1, 2, p)) for i, p in enumerate(payloads))
-    mux, conn = StreamParser(MUX_HEADER, 1 << 24), StreamParser(TTRPC_HEADER, 4 << 20)
+    mux, conn = mux_parser(), ttrpc_parser()
     got: list[tuple[int, bytes]] = []
     at = 0
     for cut in [*cuts, len(stream)]:
@@ -63,7 +65,7 @@ def test_messages_come_out_whole_whatever_the_reads(payloads: list[bytes], cuts:
 
 def test_a_message_over_the_limit_breaks_the_session() -> None:
     with pytest.raises(WireError):
-        StreamParser(TTRPC_HEADER, 100).feed(TTRPC_HEADER.pack(101, 1, 1, 0))
+        StreamParser(TTRPC_HEADER, 0, 100).feed(TTRPC_HEADER.pack(101, 1, 1, 0))
 
 
 async def test_unknown_methods_and_bugs_are_answered_and_the_session_goes_on() -> None:
