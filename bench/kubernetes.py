@@ -392,7 +392,7 @@ class Run:
         while not self.stop.is_set():
             for name, client in self.clients.items():
                 try:
-                    node = await client.get_node()
+                    node = await client.get_node(ledger_only=True)
                 except grpc.aio.AioRpcError:  # a sample missed, not a finding
                     continue
                 self.samples += 1
@@ -435,7 +435,7 @@ class Run:
         """(node, pod, lease id) of every live lease on every agent."""
         found = []
         for name, client in self.clients.items():
-            node = await client.get_node()
+            node = await client.get_node(ledger_only=True)
             found += [(name, x.pod, x.lease_id) for x in node.leases]
         return found
 

@@ -123,7 +123,8 @@ class AgentService(pb_grpc.AgentServicer):
         caller = self._identify(context)
 
         async def run() -> pb.GetNodeResponse:
-            return redact.node_for(convert.snapshot_to_pb(self._node.snapshot()), caller)
+            snapshot = self._node.snapshot(ledger_only=request.ledger_only)
+            return redact.node_for(convert.snapshot_to_pb(snapshot), caller)
 
         return await answer(context, run)
 

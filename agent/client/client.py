@@ -133,8 +133,9 @@ class AgentClient:
     async def release(self, lease_id: str) -> pb.ReleaseResponse:
         return await self._call(self.stub.Release, pb.ReleaseRequest(lease_id=lease_id))
 
-    async def get_node(self) -> pb.GetNodeResponse:
-        return await self._call(self.stub.GetNode, pb.GetNodeRequest())
+    async def get_node(self, *, ledger_only: bool = False) -> pb.GetNodeResponse:
+        """The node (``ledger_only``: only devices, leases and ledger; cheaper)."""
+        return await self._call(self.stub.GetNode, pb.GetNodeRequest(ledger_only=ledger_only))
 
     async def ping(self) -> pb.PingResponse:
         return await self._call(self.stub.Ping, pb.PingRequest())

@@ -109,6 +109,8 @@ class Binder:
             return str(exc)
         except NotFound:
             return f"pod {namespace}/{name} is gone"
+        finally:  # its expected placement counted until now (the lease, if any, from now)
+            self._cache.forget_assumed(uid)
         return ""
 
     async def _pod(self, namespace: str, name: str, uid: str) -> Obj:

@@ -1,5 +1,6 @@
 """What every agent holds, kept current without a call per pod: one ``GetNode`` at
-connect, then ``WatchEvents``; each burst of events makes one more ``GetNode`` (coalesced).
+connect, then ``WatchEvents``; each burst of events makes one more ``GetNode`` (coalesced;
+ledger only; an allocation, which moves no capacity, makes none).
 Binds in flight add their leases until an answer shows them, so two pods filtered at once
 never both count on the same free memory."""
 
@@ -26,6 +27,7 @@ ALLOCATED = "lease.allocated"  # the agent's event when the kubelet allocated a 
 COALESCE_S = 0.02
 RETRY_MAX_S = 5.0
 HEARTBEAT_S = 5.0  # the longest a dead agent's node is decided on from its last answer
+ASSUMED_S = 5.0  # how long a pod's expected placement counts without its bind
 ALLOCATED_KEPT = 10_000
 
 
@@ -55,6 +57,7 @@ class AgentCache:
         self.nodes: dict[str, NodeEntry] = {}
         # called with (node, event) for every event of every agent, as it comes
         self.listeners: list[Callable[[str, pb.Event], None]] = []
+        self._assumed: dict[str, tuple[str, str, float]] = {}  # pod uid -> node, id, until
 
     # -- membership ------------------------------------------------------------------------
 
@@ -121,10 +124,36 @@ class AgentCache:
         return entry.link if entry is not None else None
 
     def add_pending(self, node: str, lease: Lease) -> None:
+        """A lease granted to a bind in flight: counted until an answer shows it (its pod's
+        assumed placement, if any, gives way to it)."""
+        self.forget_assumed(pod_uid_of(lease.request_id))
         if (entry := self.nodes.get(node)) is not None:
             entry.pending[lease.lease_id] = lease
             entry.pending_version += 1
             entry.dirty.set()
+
+    def assume(self, node: str, lease: Lease, *, until: float) -> None:
+        """Count ``lease``, a pod's expected placement between its prioritize and its bind,
+        on ``node`` until ``until`` (monotonic seconds), its bind's lease, or
+        :meth:`forget_assumed`: pods decided at the same moment do not all count on the
+        same free memory (kube-scheduler "assumes" a pod on its node the same way)."""
+        uid = pod_uid_of(lease.request_id)
+        self.forget_assumed(uid)
+        if (entry := self.nodes.get(node)) is not None:
+            entry.pending[lease.lease_id] = lease
+            entry.pending_version += 1
+            self._assumed[uid] = (node, lease.lease_id, until)
+
+    def forget_assumed(self, pod_uid: str) -> None:
+        if (assumed := self._assumed.pop(pod_uid, None)) is not None:
+            node, lease_id, _ = assumed
+            if (entry := self.nodes.get(node)) is not None:
+                entry.pending.pop(lease_id, None)
+                entry.pending_version += 1
+
+    def expire_assumed(self, now: float) -> None:
+        for uid in [uid for uid, (_, _, until) in self._assumed.items() if until <= now]:
+            self.forget_assumed(uid)
 
     def drop_pending(self, node: str, lease_id: str) -> None:
         if (entry := self.nodes.get(node)) is not None:
@@ -167,7 +196,7 @@ class AgentCache:
             delay = min(delay * 2, RETRY_MAX_S)
 
     async def _serve(self, entry: NodeEntry, link: AgentLink) -> None:
-        entry.snapshot = await link.get_node()
+        entry.snapshot = await link.get_node(ledger_only=True)
         entry.link, entry.error, entry.stale = link, "", False
         entry.ready.set()
         refresher = asyncio.create_task(
@@ -184,11 +213,12 @@ class AgentCache:
                         listener(entry.node_name, event)
                     except Exception:  # a listener's bug must not stop this agent's stream
                         log.exception("event listener failed on %s", entry.node_name)
-                if event.kind == ALLOCATED:
-                    _remember(entry.allocated_ids, event.lease_id)
+                if event.kind == ALLOCATED:  # the lease reached its container: no
+                    _remember(entry.allocated_ids, event.lease_id)  # capacity moved
                     if waiter := entry.allocated.get(event.lease_id):
                         waiter.set()
-                entry.dirty.set()
+                else:
+                    entry.dirty.set()
         finally:
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -206,7 +236,7 @@ class AgentCache:
             entry.dirty.clear()
             started = time.monotonic()
             try:
-                snapshot = await link.get_node()
+                snapshot = await link.get_node(ledger_only=True)
             except grpc.aio.AioRpcError as exc:
                 entry.error = _why(exc)
                 entry.stale = True

@@ -18,10 +18,11 @@ from typing import Any
 from aiohttp import web
 
 from agent.admission.policy import DeviceView, Rules, decide, memory_left_bytes
+from agent.core.lease import Lease, LeaseState
 from agent.core.types import AdmissionRequest, Decision
 from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
 from agent.kube.binder import Binder
-from agent.kube.cache import AgentCache
+from agent.kube.cache import ASSUMED_S, AgentCache
 
 log = logging.getLogger(__name__)
 
@@ -104,30 +105,65 @@ class Extender:
 
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Best-fit across the idle nodes: the fuller the chosen device would be, the
-        higher (1 to 10). A node with a bind in progress or waiting scores 0: its binds go
+        higher (2 to 10). A node with a bind in progress or waiting scores 1: its binds go
         one at a time (each waits for the previous pod's Allocate), so a burst of pods
-        spreads over the idle nodes instead of queueing behind one; when every node that
-        fits is busy, they tie and kube-scheduler picks one at random."""
+        spreads over the idle nodes instead of queueing behind one. A node where the pod
+        fits only by preempting other leases scores 0, below every node where it fits as
+        it is: an eviction ends another pod, a queue only delays this one. Nodes that
+        score the same tie, and kube-scheduler picks one of them at random."""
         names = _node_names(args)
+        pod = args.get("pod") or {}
+        self.cache.expire_assumed(time.monotonic())
         try:
-            decided, _ = self.decisions(args.get("pod") or {}, names)
+            decided, _ = self.decisions(pod, names)
         except AnnotationError:
             return [{"Host": n, "Score": 0} for n in names]
-        queued = self.binder.queued
-        return [
-            {"Host": n, "Score": 0 if queued[n] else self._score(n, decided.get(n))} for n in names
-        ]
+        scores = {n: self._score(n, decided.get(n)) for n in names}
+        self._assume_the_choice(pod, scores, decided)
+        return [{"Host": n, "Score": score} for n, score in scores.items()]
+
+    def _assume_the_choice(
+        self, pod: Mapping[str, Any], scores: dict[str, int], decided: dict[str, Decision]
+    ) -> None:
+        """When one node scores above all others, kube-scheduler binds the pod there: its
+        lease counts on that node's device until the bind (pods decided at the same moment
+        would otherwise all pick the same best-fit device, and all but one be refused, or
+        preempt, at the agent). With a tie the choice is random: nothing is assumed."""
+        top = max(scores.values(), default=0)
+        chosen = [n for n, score in scores.items() if score == top]
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        if top == 0 or len(chosen) != 1 or not uid:
+            return
+        [node] = chosen
+        request, decision = admission_of(pod, parse_ask(pod)), decided[node]
+        now = time.time()
+        lease = Lease(
+            lease_id=f"assumed-{uid}",
+            request_id=uid,
+            tenant=request.tenant,
+            trust_domain=request.trust_domain,
+            device_uuid=decision.device_uuid or "",
+            priority=request.priority,
+            memory_bytes=request.memory_bytes,
+            thread_pct=request.thread_pct,
+            state=LeaseState.RESERVED,
+            created_at=now,
+            updated_at=now,
+        )
+        self.cache.assume(node, lease, until=time.monotonic() + ASSUMED_S)
 
     def _score(self, node: str, decision: Decision | None) -> int:
+        if decision is None or decision.preempted_lease_ids:
+            return 0
+        if self.binder.queued[node]:
+            return 1
         views = self.cache.views(node) or []
-        chosen = [
-            v for v in views if decision is not None and v.device.uuid == decision.device_uuid
-        ]
+        chosen = [v for v in views if v.device.uuid == decision.device_uuid]
         if not chosen:
             return 0
         view = chosen[0]
         left = max(memory_left_bytes(view, self.rules), 0) / view.device.memory_bytes
-        return 1 + round((MAX_SCORE - 1) * (1.0 - left))
+        return 2 + round((MAX_SCORE - 2) * (1.0 - left))
 
     async def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
         error = await self.binder.bind(

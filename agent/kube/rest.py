@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, cast
 
@@ -51,6 +52,19 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _BY_STATUS: Final[dict[int, type[KubeError]]] = {404: NotFound, 409: Conflict, 410: Gone}
 _WATCH_KINDS: Final[frozenset[str]] = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 _NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+def proxy_from_env(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``HTTP_PROXY``, less
+    hosts in ``NO_PROXY``), as client-go reads it; None for a direct connection."""
+    proxies = urllib.request.getproxies_environment()
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0]
+    proxy = proxies.get(scheme.lower())
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if not proxy or bypass(host, proxies):
+        return None
+    return proxy
 
 
 def kube_error(status: int, reason: str, message: str) -> KubeError:
@@ -162,7 +176,13 @@ class RestKubeApi:
 
     def _clients(self) -> tuple[ApiClient, CoreV1Api, DiscoveryV1Api]:
         if self._apis is None:  # its aiohttp session belongs to the running loop
+            if self._configuration.proxy is None:
+                self._configuration.proxy = proxy_from_env(str(self._configuration.host))
             client = ApiClient(self._configuration)
+            # trust_env makes aiohttp look up ~/.netrc and the proxy variables again on
+            # every request, each in a worker thread (a sixth of a busy extender's CPU);
+            # the proxy is looked up once above, and netrc has no say on a token API
+            client.rest_client.pool_manager._trust_env = False
             self._apis = (client, CoreV1Api(client), DiscoveryV1Api(client))
         return self._apis
 

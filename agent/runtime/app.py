@@ -335,8 +335,8 @@ class App:
 
     # -- views -----------------------------------------------------------------------------
 
-    def snapshot(self) -> NodeSnapshot:
-        return snapshot.take(self)
+    def snapshot(self, *, ledger_only: bool = False) -> NodeSnapshot:
+        return snapshot.take(self, ledger_only=ledger_only)
 
     def estimates(self) -> dict[str, float]:
         views = self.node.views() if self.node is not None else []

@@ -16,14 +16,17 @@ class NodeFacade:
 
     def __init__(
         self,
-        snapshot: Callable[[], NodeSnapshot],
+        snapshot: Callable[..., NodeSnapshot],  # App.snapshot
         service: Callable[[], NodeService | None],
         janitor: Callable[[], Janitor | None] = lambda: None,
     ) -> None:
-        self.snapshot = snapshot
+        self._snapshot = snapshot
         self._service = service
         self._janitor = janitor
         self.closing: str | None = None  # why new leases are refused (a draining stop)
+
+    def snapshot(self, *, ledger_only: bool = False) -> NodeSnapshot:
+        return self._snapshot(ledger_only=ledger_only)
 
     @property
     def _node(self) -> NodeService:

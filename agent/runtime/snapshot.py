@@ -11,7 +11,9 @@ if TYPE_CHECKING:
     from agent.runtime.app import App
 
 
-def take(app: App) -> NodeSnapshot:
+def take(app: App, *, ledger_only: bool = False) -> NodeSnapshot:
+    """The whole node, or (``ledger_only``) only what admission decides by: the devices,
+    leases, ledger and gone devices (GetNodeRequest.ledger_only)."""
     sampler, node, control = app.sampler, app.node, app.control
     leases = tuple(node.leases.values()) if node else ()
     ledger: tuple[DeviceLedger, ...] = ()
@@ -19,6 +21,19 @@ def take(app: App) -> NodeSnapshot:
     stranded_bytes, stranded_pct = 0, 0.0
     if node is not None:
         ledger, gone = node.device_ledgers(), node.gone_devices()
+    if ledger_only:
+        return NodeSnapshot(
+            node_name=app.settings.runtime.node_name,
+            simulated=app.ports.simulated,
+            taken_at=app.clock(),
+            devices=tuple(app.devices),
+            leases=leases,
+            ledger=ledger,
+            gone_devices=gone,
+            last_event_seq=app.events.last_seq,
+            injector=app.device_plugin.injector if app.device_plugin else "",
+        )
+    if node is not None:
         stranded = node.stranded()
         stranded_bytes, stranded_pct = stranded.memory_bytes, stranded.thread_pct
     return NodeSnapshot(

@@ -61,7 +61,6 @@ Test helpers: :meth:`create_pod` (from :func:`pod_manifest`), :meth:`delete_pod`
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import re
@@ -230,7 +229,7 @@ def _label_term(term: str) -> Callable[[Mapping[str, str]], bool]:
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _copy(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -243,7 +242,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
     """A merge patch whose lists in :data:`MERGE_KEYS` are merged by their key."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _copy(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if key.startswith("$"):
@@ -259,7 +258,7 @@ def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -
 
 
 def _merge_list(old: list[Any], new: list[Any], key: str, path: tuple[str, ...]) -> list[Any]:
-    merged = [copy.deepcopy(item) for item in old]
+    merged = [_copy(item) for item in old]
     for item in new:
         if not isinstance(item, dict) or key not in item:
             raise ApiError(400, f"map: {item!r} does not contain declared merge key: {key}")
@@ -301,7 +300,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902."""
     if not isinstance(ops, list):
         raise ApiError(400, "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
-    doc = copy.deepcopy(doc)
+    doc = _copy(doc)
     for op in ops:
         kind, path = op.get("op"), op.get("path")
         tokens = _pointer(path)
@@ -317,17 +316,17 @@ def json_patch(doc: Any, ops: Any) -> Any:
             value: Any = doc
             for token in source:
                 value = _child(value, token, op.get("from"))
-            value = copy.deepcopy(value)
+            value = _copy(value)
             if kind == "move":
                 doc = _remove(doc, source, op["from"])
             doc = _add(doc, tokens, value, path)
         elif kind == "add":
-            doc = _add(doc, tokens, copy.deepcopy(op.get("value")), path)
+            doc = _add(doc, tokens, _copy(op.get("value")), path)
         elif kind == "remove":
             doc = _remove(doc, tokens, path)
         elif kind == "replace":
             doc = _remove(doc, tokens, path)
-            doc = _add(doc, tokens, copy.deepcopy(op.get("value")), path)
+            doc = _add(doc, tokens, _copy(op.get("value")), path)
         else:
             raise ApiError(400, f"Unexpected kind: {kind}")
     return doc
@@ -520,6 +519,8 @@ class Change:
     type: str
     obj: Obj
     old: Obj | None  # the state before (MODIFIED, DELETED)
+    # the event as sent, by type: encoded once for every watcher that sees it so
+    lines: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(eq=False)  # hashed by identity: a set of them
@@ -528,7 +529,7 @@ class Watcher:
     namespace: str
     selector: Selector
     bookmarks: bool
-    queue: asyncio.Queue[Obj | None] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)  # lines
 
 
 @dataclass
@@ -552,6 +553,15 @@ class Hold:
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def _copy(value: Any) -> Any:
+    """A deep copy of a JSON value (what the store holds), without deepcopy's memo."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copy(v) for v in value]
+    return value
+
+
 def _event_for(watcher: Watcher, change: Change) -> Obj | None:
     """The change as this watcher sees it (its namespace, its selector), or None."""
     if change.resource != watcher.kind.resource:
@@ -569,6 +579,19 @@ def _event_for(watcher: Watcher, change: Change) -> Obj | None:
         kind = change.type if now else ""
     # change.obj is a copy of its own that nothing changes: the watchers share it
     return {"type": kind, "object": change.obj} if kind else None
+
+
+def _encoded(event: Obj) -> bytes:
+    """One line of a watch stream."""
+    return json.dumps(event).encode() + b"\n"
+
+
+def _line(event: Obj, change: Change) -> bytes:
+    """``event`` (of ``change``) as one line of a watch stream, encoded once."""
+    kind = event["type"]
+    if kind not in change.lines:
+        change.lines[kind] = _encoded(event)
+    return change.lines[kind]
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -705,17 +728,17 @@ class FakeApiServer:
             self.objects[kind.resource][key] = obj
         if len(self.history) == self.history.maxlen:
             self.floor = self.history[0].version
-        change = Change(self.version, kind.resource, change_type, copy.deepcopy(obj), old)
+        change = Change(self.version, kind.resource, change_type, _copy(obj), old)
         self.history.append(change)
         for watcher in self.watchers:
             if (event := _event_for(watcher, change)) is not None:
-                watcher.queue.put_nowait(event)
-        return copy.deepcopy(obj)
+                watcher.queue.put_nowait(_line(event, change))
+        return _copy(obj)
 
     def _insert(self, kind: Kind, namespace: str, body: Any) -> Obj:
         if not isinstance(body, dict):
             raise ApiError(400, f"the object provided is not a {kind.kind}")
-        obj = copy.deepcopy(body)
+        obj = _copy(body)
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
         meta = obj.setdefault("metadata", {})
         if kind.namespaced and meta.setdefault("namespace", namespace) != namespace:
@@ -752,10 +775,10 @@ class FakeApiServer:
                 meta.pop(key, None)
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if new == stored:
-            return copy.deepcopy(stored)
+            return _copy(stored)
         if old_meta.get("deletionTimestamp") and not (meta.get("finalizers") or []):
-            return self._commit(kind, "DELETED", stored, copy.deepcopy(stored))
-        return self._commit(kind, "MODIFIED", new, copy.deepcopy(stored))
+            return self._commit(kind, "DELETED", stored, _copy(stored))
+        return self._commit(kind, "MODIFIED", new, _copy(stored))
 
     # -- handlers --------------------------------------------------------------------------
 
@@ -797,40 +820,44 @@ class FakeApiServer:
         timeout_s = float(_int(q.get("timeoutSeconds", "0"), "timeoutSeconds")) or 1800.0
         watcher = Watcher(kind, namespace, selector, _flag(q.get("allowWatchBookmarks")))
         version = q.get("resourceVersion", "")
-        backlog: list[Obj] = []
+        backlog: list[bytes] = []
         if version in ("", "0"):
             for (ns, _), obj in sorted(self.objects[kind.resource].items()):
                 if (not namespace or ns == namespace) and selector.matches(obj):
-                    backlog.append({"type": "ADDED", "object": copy.deepcopy(obj)})
+                    backlog.append(_encoded({"type": "ADDED", "object": obj}))
         elif (since := _int(version, "resourceVersion")) < self.floor:
             message = f"too old resource version: {since} ({self.floor + 1})"
-            backlog.append({"type": "ERROR", "object": status_body(410, "Expired", message)})
+            backlog.append(
+                _encoded({"type": "ERROR", "object": status_body(410, "Expired", message)})
+            )
             timeout_s = 0.0  # and the stream ends
         else:
             changes = (c for c in self.history if c.version > since)
-            backlog.extend(e for c in changes if (e := _event_for(watcher, c)) is not None)
+            backlog.extend(_line(e, c) for c in changes if (e := _event_for(watcher, c)))
         if timeout_s:
             self.watchers.add(watcher)  # before any await: no change falls between
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        # the stream's end, at its timeout: one timer, not one per event
+        ending = asyncio.get_running_loop().call_later(timeout_s, watcher.queue.put_nowait, None)
         try:
             await response.prepare(request)
-            for event in backlog:
-                await response.write(json.dumps(event).encode() + b"\n")
-            while (left := deadline - loop.time()) > 0:
-                try:
-                    event_or_end = await asyncio.wait_for(watcher.queue.get(), left)
-                except TimeoutError:
+            if backlog:
+                await response.write(b"".join(backlog))
+            while True:
+                lines = [await watcher.queue.get()]
+                while lines[-1] is not None and not watcher.queue.empty():
+                    lines.append(watcher.queue.get_nowait())  # what queued meanwhile: one write
+                sent = [line for line in lines if line is not None]
+                if sent:
+                    await response.write(b"".join(sent))
+                if lines[-1] is None:
                     break
-                if event_or_end is None:
-                    break
-                await response.write(json.dumps(event_or_end).encode() + b"\n")
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client went
         finally:
+            ending.cancel()
             self.watchers.discard(watcher)
         return response
 
@@ -859,7 +886,7 @@ class FakeApiServer:
         self, kind: Kind, namespace: str, name: str, content_type: str, patch: Any, sub: str
     ) -> Obj:
         stored = self._find(kind, namespace, name)
-        patched = apply_patch(content_type, copy.deepcopy(stored), patch)
+        patched = apply_patch(content_type, _copy(stored), patch)
         meta = patched.get("metadata")
         if not isinstance(meta, dict):
             raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata: Required value')
@@ -874,9 +901,9 @@ class FakeApiServer:
                 422, f'{kind.kind} "{name}" is invalid: metadata.uid: field is immutable'
             )
         if sub == "status":
-            new = {**copy.deepcopy(stored), "status": patched.get("status") or {}}
+            new = {**_copy(stored), "status": patched.get("status") or {}}
         else:
-            new = {**patched, "status": copy.deepcopy(stored.get("status") or {})}
+            new = {**patched, "status": _copy(stored.get("status") or {})}
             if "status" not in stored:
                 new.pop("status")
         new["kind"], new["apiVersion"] = kind.kind, kind.api_version
@@ -912,16 +939,16 @@ class FakeApiServer:
         if ended or not stored["spec"].get("nodeName"):
             grace = 0  # what the real server does for unscheduled and terminated pods
         if not meta.get("finalizers"):
-            return self._commit(PODS, "DELETED", stored, copy.deepcopy(stored))
+            return self._commit(PODS, "DELETED", stored, _copy(stored))
         if meta.get("deletionTimestamp") and grace >= meta.get("deletionGracePeriodSeconds", 0):
-            return copy.deepcopy(stored)  # being deleted already
-        new = copy.deepcopy(stored)
+            return _copy(stored)  # being deleted already
+        new = _copy(stored)
         new["metadata"].update(deletionTimestamp=timestamp(grace), deletionGracePeriodSeconds=grace)
-        return self._commit(PODS, "MODIFIED", new, copy.deepcopy(stored))
+        return self._commit(PODS, "MODIFIED", new, _copy(stored))
 
     async def _delete_node(self, request: web.Request) -> web.StreamResponse:
         stored = self._find(NODES, "", request.match_info["name"])
-        return web.json_response(self._commit(NODES, "DELETED", stored, copy.deepcopy(stored)))
+        return web.json_response(self._commit(NODES, "DELETED", stored, _copy(stored)))
 
     async def _bind(self, request: web.Request) -> web.StreamResponse:
         m = request.match_info
@@ -949,7 +976,7 @@ class FakeApiServer:
             )
         if node := stored["spec"].get("nodeName"):
             raise conflict("pods/binding", name, f'pod {name} is already assigned to node "{node}"')
-        new = copy.deepcopy(stored)
+        new = _copy(stored)
         new["spec"]["nodeName"] = target["name"]
         if annotations := meta.get("annotations"):
             new["metadata"].setdefault("annotations", {}).update(annotations)
@@ -965,7 +992,7 @@ class FakeApiServer:
             }
         )
         new["status"]["conditions"] = conditions
-        self._commit(PODS, "MODIFIED", new, copy.deepcopy(stored))
+        self._commit(PODS, "MODIFIED", new, _copy(stored))
         success = {
             "kind": "Status",
             "apiVersion": "v1",
@@ -995,7 +1022,7 @@ class FakeApiServer:
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> Obj:
         """What the kubelet writes (``status`` only): MODIFIED."""
         stored = self._find(PODS, namespace, name)
-        new = copy.deepcopy(stored)
+        new = _copy(stored)
         new["status"]["phase"] = phase
         return self._update(PODS, stored, new)
 
@@ -1014,7 +1041,7 @@ class FakeApiServer:
 
     def pod(self, namespace: str, name: str) -> Obj | None:
         found = self.objects["pods"].get((namespace, name))
-        return copy.deepcopy(found) if found else None
+        return _copy(found) if found else None
 
     def delete_pod(self, namespace: str, name: str, force: bool = False) -> Obj:
         """``kubectl delete pod`` (``--force --grace-period=0`` with ``force``)."""
@@ -1049,7 +1076,7 @@ class FakeApiServer:
 
     def node(self, name: str) -> Obj | None:
         found = self.objects["nodes"].get(("", name))
-        return copy.deepcopy(found) if found else None
+        return _copy(found) if found else None
 
     def events_for(self, pod_name: str, namespace: str = "") -> list[Obj]:
         """The events about ``pod_name``, in the order they were created."""
@@ -1060,7 +1087,7 @@ class FakeApiServer:
             and (not namespace or e["metadata"]["namespace"] == namespace)
         ]
         return sorted(
-            (copy.deepcopy(e) for e in found), key=lambda e: int(e["metadata"]["resourceVersion"])
+            (_copy(e) for e in found), key=lambda e: int(e["metadata"]["resourceVersion"])
         )
 
     def set_endpoints(
@@ -1081,7 +1108,7 @@ class FakeApiServer:
                 and old["metadata"]["labels"].get("kubernetes.io/service-name") == service
             ):
                 name = old_name
-                self._commit(SLICES, "DELETED", old, copy.deepcopy(old))
+                self._commit(SLICES, "DELETED", old, _copy(old))
         slice_: Obj = {
             "metadata": {
                 "name": name,
@@ -1123,7 +1150,7 @@ class FakeApiServer:
                     "apiVersion": watcher.kind.api_version,
                     "metadata": {"resourceVersion": str(self.version)},
                 }
-                watcher.queue.put_nowait({"type": "BOOKMARK", "object": obj})
+                watcher.queue.put_nowait(_encoded({"type": "BOOKMARK", "object": obj}))
 
     def hold_next(self, method: str, path_regex: str) -> Hold:
         """Hold the next request whose method and path (with its query) match until the

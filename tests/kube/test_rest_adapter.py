@@ -17,7 +17,7 @@ import pytest
 
 from agent.core.errors import ConfigError
 from agent.kube.port import Conflict, Gone, KubeApi, KubeError, NotFound, Obj, WatchEvent
-from agent.kube.rest import RestKubeApi
+from agent.kube.rest import RestKubeApi, proxy_from_env
 from tests.certs import make_pki, make_token
 from tests.kube.apiserver import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, FakeApiServer
 
@@ -284,6 +284,71 @@ async def test_a_broken_connection_and_a_dead_server_are_unreachable(
         with pytest.raises(KubeError) as caught:
             await dead.patch_node("n1", {"metadata": {}})
     assert (caught.value.status, caught.value.reason) == (0, "Unreachable")
+
+
+async def test_a_netrc_entry_for_the_api_host_changes_nothing(
+    api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp's trust_env would read this file on every request, and its basic auth beside
+    the bearer token is an error before anything is sent."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    api.create_pod("p", NS)
+    async with RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=5.0) as kube:
+        assert (await kube.get_pod(NS, "p"))["metadata"]["name"] == "p"
+
+
+@pytest.mark.parametrize(
+    ("environ", "url", "proxy"),
+    [
+        ({}, "https://10.0.0.1:6443", None),
+        ({"https_proxy": "http://proxy:3128"}, "https://10.0.0.1:6443", "http://proxy:3128"),
+        ({"HTTPS_PROXY": "http://proxy:3128"}, "http://10.0.0.1:8080", None),
+        ({"http_proxy": "http://proxy:3128"}, "http://10.0.0.1:8080", "http://proxy:3128"),
+        (
+            {"https_proxy": "http://proxy:3128", "no_proxy": "10.0.0.1"},
+            "https://10.0.0.1:6443",
+            None,
+        ),
+        (
+            {"https_proxy": "http://proxy:3128", "NO_PROXY": ".cluster.local"},
+            "https://kubernetes.default.svc.cluster.local",
+            None,
+        ),
+    ],
+)
+def test_the_proxy_is_the_environments_for_the_api_host(
+    environ: dict[str, str], url: str, proxy: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert proxy_from_env(url) == proxy
+
+
+async def test_requests_go_through_the_environments_proxy(
+    api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looked up once, then used for every request: a proxy that is down makes the API
+    unreachable, and NO_PROXY goes around it."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    api.create_pod("p", NS)
+    monkeypatch.setenv("http_proxy", dead)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    async with RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=2.0) as kube:
+        with pytest.raises(KubeError) as caught:
+            await kube.get_pod(NS, "p")
+    assert caught.value.reason == "Unreachable"
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    async with RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=2.0) as kube:
+        assert (await kube.get_pod(NS, "p"))["metadata"]["name"] == "p"
 
 
 # -- watches -------------------------------------------------------------------------------

@@ -372,8 +372,10 @@ class DeviceLedger(_message.Message):
     def __init__(self, device_uuid: _Optional[str] = ..., memory_committed_bytes: _Optional[int] = ..., threads_committed_pct: _Optional[float] = ..., leases: _Optional[int] = ..., closed: _Optional[str] = ..., closed_detail: _Optional[str] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("ledger_only",)
+    LEDGER_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ledger_only: bool
+    def __init__(self, ledger_only: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("uuid", "index", "model", "memory_bytes", "sharing_mode", "compute_capability", "parent_uuid", "mig_profile", "isolation")

@@ -407,3 +407,26 @@ async def test_inline_counters_drive_the_gate_and_estimates_show_in_get_node(roo
             bad.request.counters["bad name"] = 1.0
             await pb_grpc.AgentStub(channel).Admit(bad)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_ledger_only_get_node_has_the_leases_and_ledger_and_nothing_else(
+    agent: App,
+) -> None:
+    async with tcp(agent) as channel:
+        stub = pb_grpc.AgentStub(channel)
+        for name in ("job-1", "job-2", "job-3"):
+            await stub.Admit(pb.AdmitRequest(request=req(name)), metadata=AUTH)
+        await asyncio.sleep(0.3)  # a telemetry sample or two
+        full = await stub.GetNode(pb.GetNodeRequest(), metadata=AUTH)
+        light = await stub.GetNode(pb.GetNodeRequest(ledger_only=True), metadata=AUTH)
+    assert full.latest_samples and full.mps and full.retention_estimates  # what it leaves out
+    assert list(light.devices) == list(full.devices)
+    assert list(light.leases) == list(full.leases) and len(light.leases) == 3
+    assert list(light.ledger) == list(full.ledger)
+    assert (light.node_name, light.injector, light.last_event_seq) == (
+        full.node_name,
+        full.injector,
+        full.last_event_seq,
+    )
+    assert not (light.latest_samples or light.latest_windows or light.mps)
+    assert not (light.retention_estimates or light.stale_devices)

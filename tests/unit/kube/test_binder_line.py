@@ -126,6 +126,9 @@ class Cache:
     def drop_pending(self, node: str, lease_id: str) -> None:
         pass
 
+    def forget_assumed(self, pod_uid: str) -> None:
+        pass
+
     def allocate(self, lease_id: str) -> None:
         self.calls.append(f"allocated {lease_id}")
         self.allocated.setdefault(lease_id, asyncio.Event()).set()

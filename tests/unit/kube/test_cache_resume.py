@@ -20,7 +20,7 @@ class Link:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    async def get_node(self) -> pb.GetNodeResponse:
+    async def get_node(self, *, ledger_only: bool = False) -> pb.GetNodeResponse:
         self.agent.answers += 1  # the first answer comes before any event
         return pb.GetNodeResponse(
             last_event_seq=self.agent.last_seq if self.agent.answers > 1 else 0

@@ -3,6 +3,7 @@ way below every idle node that fits (its binds go one at a time)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, cast
 
 import pytest
@@ -12,17 +13,17 @@ from agent.api.proto import agent_pb2 as pb
 from agent.core.units import GIB
 from agent.kube.agents import AgentLink
 from agent.kube.binder import Binder
-from agent.kube.cache import AgentCache, NodeEntry
+from agent.kube.cache import ASSUMED_S, AgentCache, NodeEntry
 from agent.kube.extender import Extender
 from agent.kube.views import lease_of
 
 
-def node(used_gib: int) -> pb.GetNodeResponse:
+def node(used_gib: int, priority: str = "burstable") -> pb.GetNodeResponse:
     uuid = "GPU-00000000-0000-0000-0000-000000000001"
     leases = [
         pb.Lease(
             lease_id="l-1", request_id="r-1", tenant="team", trust_domain="team", device_uuid=uuid,
-            priority="burstable", memory_bytes=used_gib * GIB, thread_pct=10,
+            priority=priority, memory_bytes=used_gib * GIB, thread_pct=10,
             state="admitted", created_at=1.0, updated_at=1.0,
         )
     ] if used_gib else []  # fmt: skip
@@ -73,14 +74,29 @@ def test_best_fit_among_idle_nodes(
     ext.binder.queued.update(queued)
     got = scores(ext, list(used_gib))
     assert max(got, key=lambda n: got[n]) == best
-    assert all(got[n] == 0 for n in queued)
-    assert all(got[n] >= 1 for n in used_gib if n not in queued)  # idle and fits: above busy
+    assert all(got[n] == 1 for n in queued)
+    assert all(got[n] >= 2 for n in used_gib if n not in queued)  # idle and fits: above busy
 
 
 def test_when_every_node_is_busy_they_tie() -> None:
     ext = extender({"a": 0, "b": 70})
     ext.binder.queued.update({"a": 1, "b": 2})
-    assert scores(ext, ["a", "b"]) == {"a": 0, "b": 0}
+    assert scores(ext, ["a", "b"]) == {"a": 1, "b": 1}
+
+
+def test_a_node_that_fits_only_by_preempting_scores_below_busy_and_idle_ones() -> None:
+    """A guaranteed pod that fits on a full node by evicting a best-effort lease: that node
+    would be the fullest (best-fit's favourite), but an eviction ends another pod."""
+    ext = extender({"full": 78, "busy": 40, "idle": 0})
+    ext.cache.nodes["full"].snapshot = node(78, "best-effort")
+    ext.binder.queued.update({"busy": 1})
+    guaranteed = pod()
+    guaranteed["metadata"]["annotations"]["gpushare.io/priority"] = "guaranteed"
+    decided, _ = ext.decisions(guaranteed, ["full"])
+    assert decided["full"].preempted_lease_ids == ("l-1",)  # it does fit there, by eviction
+    answer = ext.prioritize({"pod": guaranteed, "nodenames": ["full", "busy", "idle"]})
+    got = {x["Host"]: x["Score"] for x in answer}
+    assert got["full"] == 0 and got["busy"] == 1 and got["idle"] >= 2
 
 
 def test_the_views_follow_the_binds_in_flight_and_each_answer() -> None:
@@ -126,4 +142,32 @@ def test_a_pods_prioritize_reuses_its_filters_decisions_until_the_node_changes(
     )
     ext.cache.add_pending("a", lease_of(lease))  # a bind in flight: a's views change
     scores(ext, ["a", "b"])
-    assert len(decided) == 3, "a changed node is decided again"
+    # a changed, and b holds the pod's own placement, assumed by the first prioritize
+    assert len(decided) == 4, "a changed node is decided again"
+
+
+def test_the_one_best_node_holds_the_pods_lease_until_its_bind() -> None:
+    """Pods prioritized at the same moment: the first one's expected placement counts on
+    the best-fit node, so the next does not count on the same free memory."""
+    ext = extender({"a": 0, "b": 70})
+    first, second = pod(), pod()
+    second["metadata"]["uid"] = "u-2"
+    for each in (first, second):
+        each["metadata"]["annotations"]["gpushare.io/memory"] = "6Gi"
+    got = scores_of(ext, first, ["a", "b"])
+    assert got["b"] > got["a"]  # b: the fullest that fits
+    # b had 80 - 70 - 1 (reserve) - 0.5 x 2 (contexts) = 8 GiB left; 6 of them are assumed
+    assert ext.filter({"pod": second, "nodenames": ["a", "b"]})["nodenames"] == ["a"]
+    ext.cache.expire_assumed(time.monotonic() + ASSUMED_S)  # its bind never came
+    assert ext.filter({"pod": second, "nodenames": ["a", "b"]})["nodenames"] == ["a", "b"]
+
+
+def test_a_tie_assumes_nothing() -> None:
+    ext = extender({"a": 0, "b": 0})
+    scores(ext, ["a", "b"])
+    assert all(not entry.pending for entry in ext.cache.nodes.values())
+
+
+def scores_of(ext: Extender, the_pod: dict[str, Any], names: list[str]) -> dict[str, int]:
+    answer = ext.prioritize({"pod": the_pod, "nodenames": names})
+    return {x["Host"]: x["Score"] for x in answer}

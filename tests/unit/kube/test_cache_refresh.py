@@ -1,0 +1,54 @@
+"""The agents' cache asks an agent's ledger again after a burst of events that may move
+capacity, ledger only, and not after an allocation (the lease reached its container)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from agent.api.proto import agent_pb2 as pb
+from agent.kube import cache as cache_module
+from agent.kube.cache import AgentCache, NodeEntry
+
+
+class Link:
+    def __init__(self) -> None:
+        self.asked: list[bool] = []  # ledger_only of each GetNode
+        self.events: asyncio.Queue[pb.Event] = asyncio.Queue()
+
+    async def get_node(self, *, ledger_only: bool = False) -> pb.GetNodeResponse:
+        self.asked.append(ledger_only)
+        return pb.GetNodeResponse()
+
+    async def watch_events(self, *, since_seq: int = 0) -> AsyncIterator[pb.Event]:
+        while True:
+            yield await self.events.get()
+
+
+async def settle(link: Link, event: pb.Event) -> int:
+    """GetNodes that ``event`` brought about."""
+    before = len(link.asked)
+    link.events.put_nowait(event)
+    await asyncio.sleep(0.1)  # several coalescing intervals
+    return len(link.asked) - before
+
+
+async def test_capacity_events_refresh_and_allocations_do_not() -> None:
+    link = Link()
+    entry = NodeEntry("n1", "127.0.0.1:1")
+    following = asyncio.create_task(
+        AgentCache(lambda target: None)._serve(entry, link)  # type: ignore[arg-type,return-value]
+    )
+    try:
+        await asyncio.sleep(0.05)
+        assert link.asked == [True]  # at connect
+        assert await settle(link, pb.Event(seq=1, kind="lease.admitted", lease_id="l-a")) == 1
+        assert await settle(link, pb.Event(seq=2, kind="lease.allocated", lease_id="l-a")) == 0
+        assert "l-a" in entry.allocated_ids
+        assert await settle(link, pb.Event(seq=3, kind="lease.released", lease_id="l-a")) == 1
+        assert await settle(link, pb.Event(seq=4, kind="device.drained")) == 1
+        assert all(link.asked)
+        assert cache_module.COALESCE_S < 0.05
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
