@@ -104,6 +104,9 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         self._registration: grpc.aio.Server | None = None
         self._pod_resources: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
+        # the kubelet admits one pod at a time: its device manager takes a container's ids
+        # before it calls the plugin, so two pods never get the same unit
+        self._admitting = asyncio.Lock()
 
     @property
     def socket(self) -> Path:
@@ -239,6 +242,22 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         plugin = self.plugins.get(resource_name)
         if plugin is None:
             raise FakeKubeletError(f"no device plugin registered for {resource_name}")
+        async with self._admitting:
+            outcome, ids = await self._allocate(plugin, pod_namespace, pod_name, container, count)
+        if outcome.error is None and plugin.options.pre_start_required:
+            try:
+                await plugin.stub.PreStartContainer(
+                    dp.PreStartContainerRequest(devices_ids=ids), timeout=self.rpc_timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                outcome.error, outcome.failed_at = exc, "PreStartContainer"
+        return outcome
+
+    async def _allocate(
+        self, plugin: Plugin, pod_namespace: str, pod_name: str, container: str, count: int
+    ) -> tuple[Outcome, list[str]]:
+        """Pick free ids (the plugin's preference first), Allocate, record the pod's ids."""
+        resource_name = plugin.request.resource_name
         taken = {
             d for a in self.assignments if a.resource_name == resource_name for d in a.device_ids
         }
@@ -259,19 +278,12 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             )
         except grpc.aio.AioRpcError as exc:
             outcome.error, outcome.failed_at = exc, "Allocate"
-            return outcome
+            return outcome, ids
         if len(answer.container_responses) != 1:
             raise FakeKubeletError(f"Allocate answered {len(answer.container_responses)} times")
         outcome.response = answer.container_responses[0]
         self.record(pod_namespace, pod_name, container, resource_name, ids)
-        if plugin.options.pre_start_required:
-            try:
-                await plugin.stub.PreStartContainer(
-                    dp.PreStartContainerRequest(devices_ids=ids), timeout=self.rpc_timeout_s
-                )
-            except grpc.aio.AioRpcError as exc:
-                outcome.error, outcome.failed_at = exc, "PreStartContainer"
-        return outcome
+        return outcome, ids
 
     async def _pick(self, plugin: Plugin, free: Sequence[str], count: int) -> list[str]:
         """The plugin's preference among the free ids, when it offers one, topped up from

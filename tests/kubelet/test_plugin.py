@@ -181,3 +181,16 @@ async def test_get_preferred_allocation_keeps_must_include_first(
         ["share-7", "share-1", "share-2"],
         ["share-4"],
     ]
+
+
+async def test_pods_admitted_at_once_never_share_a_unit(
+    kubelet: FakeKubelet, plugin: DevicePluginServer
+) -> None:
+    """The stand-in admits one pod at a time, as the kubelet does: two pods allocated at
+    once (each asks the plugin's preference, which is the same lowest free id) get
+    different units."""
+    first, second = await asyncio.gather(
+        kubelet.allocate("team-a", "p1", "main", 1), kubelet.allocate("team-a", "p2", "main", 1)
+    )
+    assert first.error is None and second.error is None
+    assert set(first.device_ids).isdisjoint(second.device_ids)
