@@ -21,13 +21,22 @@ import grpc
 from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
 from agent.kube.cache import AgentCache
-from agent.kube.port import Conflict, Gone, KubeApi, KubeError, NotFound, Obj, annotations_of
+from agent.kube.leaseless import LeaselessPods, evicted_event
+from agent.kube.port import (
+    Conflict,
+    Gone,
+    KubeApi,
+    KubeError,
+    NotFound,
+    Obj,
+    annotations_of,
+    ended,
+)
 from agent.kube.views import pod_uid_of
 from agent.kubelet.port import LEASE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
-ENDED_PHASES = ("Succeeded", "Failed")
 EVICTED = "lease.evicted"  # the agent's event when it evicted a lease
 EVICTED_KEPT = 10_000
 RETRY_FIRST_S = 0.5
@@ -35,11 +44,6 @@ RETRY_MAX_S = 30.0
 SETTLE_CONCURRENCY = 16  # ended pods given back at once, beside the watch
 SETTLE_TRIES = 5
 DONE_CODES = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
-
-
-def ended(pod: Obj) -> bool:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return bool(meta.get("deletionTimestamp")) or status.get("phase") in ENDED_PHASES
 
 
 def holds_finalizer(pod: Obj) -> bool:
@@ -72,6 +76,7 @@ class LeaseController:
         # leases evicted lately, by id: (node, pod uid, why); a pod bound with one after the
         # event came is found by its own update
         self._evicted: dict[str, tuple[str, str, str]] = {}
+        self._leaseless = LeaselessPods(grace_s)  # evictions missed (kube serve was down)
         cache.listeners.append(self._agent_event)
 
     async def run(self) -> None:
@@ -321,6 +326,9 @@ class LeaseController:
                     why = await self._confirmed_orphaned(lease, node, key)
                 if why:
                     count += await self.release(node, lease.lease_id, why=f"its pod {why}")
+        for gone in self._leaseless.due(list(self.pods.values()), self._cache.nodes, now):
+            uid = gone.pod["metadata"]["uid"]
+            self._spawn(self._delete_evicted(gone.pod, gone.node, gone.why), f"leaseless-{uid}")
         for uid in list(self._unsettled):  # settling that gave up: once more
             self._unsettled.discard(uid)
             if (pod := self.pods.get(uid)) is not None and holds_finalizer(pod):
@@ -346,23 +354,6 @@ class LeaseController:
         if _key(pod) != key or ended(pod):
             return "is gone or ended"
         return _orphaned(lease, node, _placement(pod))
-
-
-def evicted_event(pod: Obj, message: str) -> Obj:
-    meta = pod["metadata"]
-    return {
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "kind": "Pod",
-            "namespace": meta["namespace"],
-            "name": meta["name"],
-            "uid": meta["uid"],
-        },
-        "reason": "LeaseEvicted",
-        "message": message,
-        "type": "Warning",
-        "source": {"component": SCHEDULER_NAME},
-    }
 
 
 def _placement(pod: Obj) -> tuple[str, str]:

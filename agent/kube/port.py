@@ -103,3 +103,12 @@ class KubeApi(Protocol):
 def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     metadata = obj.get("metadata") or {}
     return metadata.get("annotations") or {}
+
+
+ENDED_PHASES = ("Succeeded", "Failed")
+
+
+def ended(pod: Mapping[str, Any]) -> bool:
+    """Being deleted, or its phase is final: no container of it will start again."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return bool(meta.get("deletionTimestamp")) or status.get("phase") in ENDED_PHASES

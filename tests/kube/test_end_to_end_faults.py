@@ -11,9 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from agent.api.proto import agent_pb2 as pb
+from agent.core.units import GIB
 from tests.helpers import short_dir
 from tests.kube.apiserver import Obj
-from tests.kube.cluster import LoopbackCluster, eventually, gpu_pod, loopback_cluster, wait_agent
+from tests.kube.cluster import (
+    LoopbackCluster,
+    agent_call,
+    eventually,
+    gpu_pod,
+    loopback_cluster,
+    wait_agent,
+)
 from tests.kube.test_end_to_end import LEASE, live_leases, running
 
 pytestmark = pytest.mark.timeout(240)
@@ -131,3 +140,38 @@ async def test_a_pod_watch_expired_with_410_is_listed_again_and_nothing_is_misse
         await eventually(lambda: c.api_server.pod("team-a", "short") is None, 30)
         assert await live_leases(c) == []
         assert "pod watch expired (410)" in caplog.text
+
+
+async def test_a_pod_whose_lease_was_evicted_while_the_cluster_side_was_down_is_deleted(
+    root: Path,
+) -> None:
+    """No ``lease.evicted`` event reaches the next cluster side (it follows the agent from
+    its newest event): its reconcile finds the pod bound to a lease that is gone."""
+    async with loopback_cluster(root, nodes=1, cluster_side="process") as (c, scheduler):
+        assert scheduler is not None and c.side_process is not None
+        await c.api_server_create(
+            gpu_pod("victim", memory="40Gi", threads="10", priority="best-effort")
+        )
+        await eventually(lambda: running(c, "team-a", "victim"), 60)
+        node, evicted = await lease_of_pod(c, "victim")
+        c.side_process.kill()
+        c.side_process.wait(timeout=30)
+
+        # guaranteed requests fill every device; the last one fits only by preemption
+        preempted = []
+        for i in range(4):
+            answer = await agent_call(
+                c.nodes[node], c.agent_token, "admit", request_id=f"big-{i}", tenant="ops",
+                trust_domain="ops", priority=pb.GUARANTEED, memory_bytes=78 * GIB,
+                thread_pct=10,
+            )  # fmt: skip
+            assert answer.decision.admitted, answer.decision.message
+            preempted += answer.decision.preempted_lease_ids
+        assert preempted == [evicted]
+
+        await c.replace_cluster_side(scheduler)
+        await eventually(lambda: c.api_server.pod("team-a", "victim") is None, 60)
+        [event] = [
+            e for e in c.api_server.events_for("victim", "team-a") if e["reason"] == "LeaseEvicted"
+        ]
+        assert f"lease {evicted} is no longer live there" in event["message"]
