@@ -239,6 +239,7 @@ class Binder:
         key = f"{meta['namespace']}/{ask.gang_id}"
         gang = self._gangs.get(key)
         if gang is None or (gang.done.is_set() and gang.failed):
+            self._forget_gangs(self._clock())
             gang = Gang(key, ask.gang_size, self._clock() + self._options.gang_ttl_s)
             self._gangs[key] = gang
         link = self._link(node)
@@ -263,6 +264,14 @@ class Binder:
         lease_id = answer.lease.lease_id
         async with self._turn_taken(node, turn):
             await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
+
+    def _forget_gangs(self, now: float) -> None:
+        """Drop gangs settled a TTL past their deadline (their members' binds are over)."""
+        ttl_s = self._options.gang_ttl_s
+        for key in [
+            k for k, g in self._gangs.items() if g.done.is_set() and now > g.deadline + ttl_s
+        ]:
+            del self._gangs[key]
 
     async def _wait_gang(self, gang: Gang) -> None:
         left = gang.deadline - self._clock()

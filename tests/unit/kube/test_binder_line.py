@@ -316,3 +316,19 @@ async def test_on_a_node_with_nri_binds_wait_for_no_other() -> None:
     assert await asyncio.gather(*binds) == ["", "", "", ""]
     assert not any(c.startswith("allocated") for c in cache.calls)
     assert {name for name, _node, _a in api.bindings} == {"a", "b", "g0", "g1"}
+
+
+async def test_settled_gangs_are_forgotten_a_ttl_after_their_deadline() -> None:
+    api, cache = Api(), Cache(["n1"])
+    cache.nri.add("n1")
+    now = [0.0]
+    b = Binder(api, cache, BindOptions(gang_ttl_s=5), clock=lambda: now[0])  # type: ignore[arg-type]
+    for i in range(3):
+        for member in range(2):
+            name = f"g{i}-{member}"
+            api.pods[name] = pod(name, gang=f"g{i}", size=2)
+        api.released.set()
+        binds = [b.bind(NS, f"g{i}-{m}", f"uid-g{i}-{m}", "n1") for m in range(2)]
+        assert await asyncio.gather(*binds) == ["", ""]
+        now[0] += 6  # one TTL past each gang's start: not yet a TTL past its deadline
+    assert sorted(b._gangs) == ["team/g1", "team/g2"]  # g0's deadline was 5: forgotten at 12
