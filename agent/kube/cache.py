@@ -196,33 +196,40 @@ class AgentCache:
             delay = min(delay * 2, RETRY_MAX_S)
 
     async def _serve(self, entry: NodeEntry, link: AgentLink) -> None:
+        """Follow the agent until its stream or its refreshes fail (then reconnect)."""
         entry.snapshot = await link.get_node(ledger_only=True)
         entry.link, entry.error, entry.stale = link, "", False
         entry.ready.set()
-        refresher = asyncio.create_task(
-            self._refresh(entry, link), name=f"refresh-{entry.node_name}"
-        )
         since = entry.snapshot.last_event_seq
         if 0 < entry.last_seq <= since:  # a stream that broke: what came meanwhile too
             since = entry.last_seq  # (a seq past the agent's last: its state was wiped)
+        parts = {
+            asyncio.create_task(self._refresh(entry, link), name=f"refresh-{entry.node_name}"),
+            asyncio.create_task(self._events(entry, link, since), name=f"events-{entry.node_name}"),
+        }
         try:
-            async for event in link.watch_events(since_seq=since):
-                entry.last_seq = max(entry.last_seq, event.seq)
-                for listener in self.listeners:
-                    try:
-                        listener(entry.node_name, event)
-                    except Exception:  # a listener's bug must not stop this agent's stream
-                        log.exception("event listener failed on %s", entry.node_name)
-                if event.kind == ALLOCATED:  # the lease reached its container: no
-                    _remember(entry.allocated_ids, event.lease_id)  # capacity moved
-                    if waiter := entry.allocated.get(event.lease_id):
-                        waiter.set()
-                else:
-                    entry.dirty.set()
+            done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
+            for part in done:
+                part.result()  # its failure ends this connection
         finally:
-            refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
+            for part in parts:
+                part.cancel()
+            await asyncio.gather(*parts, return_exceptions=True)
+
+    async def _events(self, entry: NodeEntry, link: AgentLink, since: int) -> None:
+        async for event in link.watch_events(since_seq=since):
+            entry.last_seq = max(entry.last_seq, event.seq)
+            for listener in self.listeners:
+                try:
+                    listener(entry.node_name, event)
+                except Exception:  # a listener's bug must not stop this agent's stream
+                    log.exception("event listener failed on %s", entry.node_name)
+            if event.kind == ALLOCATED:  # the lease reached its container: no
+                _remember(entry.allocated_ids, event.lease_id)  # capacity moved
+                if waiter := entry.allocated.get(event.lease_id):
+                    waiter.set()
+            else:
+                entry.dirty.set()
 
     async def _refresh(self, entry: NodeEntry, link: AgentLink) -> None:
         """A GetNode after each burst of events, and at least every ``HEARTBEAT_S``: the
@@ -230,8 +237,9 @@ class AgentCache:
         noticed here, and its node is unknown (not filtered on its last answer) until it
         answers again."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(entry.dirty.wait(), HEARTBEAT_S)
+            with contextlib.suppress(TimeoutError):  # (wait_for can lose a cancellation)
+                async with asyncio.timeout(HEARTBEAT_S):
+                    await entry.dirty.wait()
             await asyncio.sleep(COALESCE_S)
             entry.dirty.clear()
             started = time.monotonic()
@@ -240,6 +248,8 @@ class AgentCache:
             except grpc.aio.AioRpcError as exc:
                 entry.error = _why(exc)
                 entry.stale = True
+                if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+                    raise  # a rotated token: connect again with the one on disk now
                 entry.dirty.set()
                 await asyncio.sleep(RETRY_MAX_S / 10)
                 continue

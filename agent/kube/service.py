@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from agent.kube.nodestate import publish_node_states
 from agent.kube.port import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
+
+CERT_CHECK_S = 30.0  # how often the webhook's certificate files are checked for a change
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +55,13 @@ class ClusterOptions:
 
 
 def connector(options: ClusterOptions) -> Connect:
-    """target -> an AgentClient in ``async with`` (TLS and token from the options)."""
-    credentials: grpc.ChannelCredentials | None = None
-    if not options.insecure_agents:
-        credentials = tls_credentials(
-            options.agent_ca_file,
-            cert_file=options.agent_cert_file,
-            key_file=options.agent_key_file,
-        )
-    token = read_token_file(options.agent_token_file) if options.agent_token_file else None
+    """target -> an AgentClient in ``async with``. Its TLS files and token are read again
+    at each connection (a stream broken by a rotated token reconnects with the new one);
+    files that cannot be read then leave the last ones read in use."""
+    known = _AgentSecrets(options)
 
     def connect(target: str) -> contextlib.AbstractAsyncContextManager[AgentLink]:
+        credentials, token = known.current()
         return AgentClient(
             target,
             token=token,
@@ -72,6 +71,31 @@ def connector(options: ClusterOptions) -> Connect:
         )
 
     return connect
+
+
+class _AgentSecrets:
+    def __init__(self, options: ClusterOptions) -> None:
+        self._options = options
+        self._last = self._read()  # at start, unreadable files are an error
+
+    def _read(self) -> tuple[grpc.ChannelCredentials | None, str | None]:
+        options = self._options
+        credentials = None
+        if not options.insecure_agents:
+            credentials = tls_credentials(
+                options.agent_ca_file,
+                cert_file=options.agent_cert_file,
+                key_file=options.agent_key_file,
+            )
+        token = read_token_file(options.agent_token_file) if options.agent_token_file else None
+        return credentials, token
+
+    def current(self) -> tuple[grpc.ChannelCredentials | None, str | None]:
+        try:
+            self._last = self._read()
+        except OSError as exc:
+            log.warning("agents' TLS files or token not read again (last ones kept): %s", exc)
+        return self._last
 
 
 async def discover(api: KubeApi, cache: AgentCache, options: ClusterOptions) -> None:
@@ -134,14 +158,16 @@ class ClusterSide:
         if options.webhook_listen:
             from agent.kube.webhook import build_webhook_app
 
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(options.webhook_cert_file, options.webhook_key_file)
+            tls = ReloadingTls(options.webhook_cert_file, options.webhook_key_file)
             hooked = await stack.enter_async_context(
-                site(build_webhook_app(), options.webhook_listen, tls)
+                site(build_webhook_app(), options.webhook_listen, tls.context)
             )
             self.webhook_port = _port_of(hooked)
             log.info("webhook serving on %s (port %d)", options.webhook_listen, self.webhook_port)
-        self._tasks = [
+            self._tasks.append(
+                asyncio.create_task(reload_certificate(tls), name="webhook-certificate")
+            )
+        self._tasks += [
             asyncio.create_task(discover(self.api, self.cache, options), name="agent-discovery"),
             asyncio.create_task(self.controller.run(), name="lease-controller"),
             asyncio.create_task(
@@ -164,6 +190,63 @@ class ClusterSide:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._stack.aclose()
+
+
+class ReloadingTls:
+    """The webhook's TLS: ``context`` is the listener's; each handshake is handed the
+    newest good pair (``current``), so a reload never touches a context in use and a pair
+    that does not load leaves the previous one serving."""
+
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self.files = (cert_file, key_file)
+        self.current = _server_context(*self.files)
+        self.context = _server_context(*self.files)
+        self.context.sni_callback = self._pick
+
+    def _pick(self, connection: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
+        connection.context = self.current
+
+    def reload(self) -> None:
+        """Load the files again (OSError, ssl.SSLError: the previous pair stays)."""
+        self.current = _server_context(*self.files)
+
+
+def _server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+async def reload_certificate(tls: ReloadingTls, interval_s: float = CERT_CHECK_S) -> None:
+    """Reload whenever either file changes (cert-manager and kubelet-mounted Secrets rotate
+    them in place): new connections get the new pair. A pair that does not load (caught
+    between the two writes) is tried again at the next check."""
+    seen = _stamp(*tls.files)
+    while True:
+        await asyncio.sleep(interval_s)
+        stamp = _stamp(*tls.files)
+        if stamp == seen:
+            continue
+        try:
+            tls.reload()
+        except (OSError, ssl.SSLError) as exc:
+            log.warning(
+                "webhook certificate %s not reloaded (previous kept): %s", tls.files[0], exc
+            )
+            continue
+        seen = stamp
+        log.info("webhook certificate %s reloaded", tls.files[0])
+
+
+def _stamp(*paths: str) -> tuple[tuple[float, int], ...]:
+    stamps = []
+    for path in paths:
+        try:
+            stat = os.stat(path)
+            stamps.append((stat.st_mtime, stat.st_size))
+        except OSError:
+            stamps.append((0.0, -1))
+    return tuple(stamps)
 
 
 def _port_of(served: web.TCPSite) -> int:

@@ -1,14 +1,20 @@
 """The agents' cache asks an agent's ledger again after a burst of events that may move
-capacity, ledger only, and not after an allocation (the lease reached its container)."""
+capacity, ledger only, and not after an allocation (the lease reached its container); a
+refused token ends the connection, and the next one reads the token again."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
 
 from agent.api.proto import agent_pb2 as pb
 from agent.kube import cache as cache_module
 from agent.kube.cache import AgentCache, NodeEntry
+from agent.kube.service import ClusterOptions, connector
 
 
 class Link:
@@ -52,3 +58,39 @@ async def test_capacity_events_refresh_and_allocations_do_not() -> None:
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_a_refused_token_ends_the_connection_to_connect_again() -> None:
+    """A rotated token: the open stream was accepted with the old one, but the next GetNode
+    is refused; the connection ends so the next one reads the token again."""
+
+    class Refusing(Link):
+        async def get_node(self, *, ledger_only: bool = False) -> pb.GetNodeResponse:
+            if self.asked:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    "invalid bearer token",
+                )
+            return await super().get_node(ledger_only=ledger_only)
+
+    link = Refusing()
+    entry = NodeEntry("n1", "127.0.0.1:1")
+    serving = AgentCache(lambda target: None)._serve(entry, link)  # type: ignore[arg-type,return-value]
+    link.events.put_nowait(pb.Event(seq=1, kind="lease.admitted", lease_id="l-a"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(serving, 2)
+    assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert entry.stale
+
+
+def test_each_connection_reads_the_agents_token_again(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    connect = connector(ClusterOptions(agent_token_file=str(token), insecure_agents=True))
+    assert connect("127.0.0.1:1")._metadata == (("authorization", "Bearer first"),)  # type: ignore[attr-defined]
+    token.write_text("second\n")
+    assert connect("127.0.0.1:1")._metadata == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
+    token.unlink()  # mid-rotation: the last one read is kept
+    assert connect("127.0.0.1:1")._metadata == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
