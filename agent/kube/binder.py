@@ -99,6 +99,7 @@ class Binder:
                 # would touch it
                 return "" if bound == node else f"pod {namespace}/{name} is bound to {bound}"
             ask = parse_ask(pod)
+            self._cache.keep_assumed(uid, node)  # counted while it waits its turn
             with self._queued(node):
                 if ask.gang_id:
                     await self._bind_gang_member(pod, ask, node)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -144,6 +145,15 @@ class AgentCache:
             entry.pending_version += 1
             self._assumed[uid] = (node, lease.lease_id, until)
 
+    def keep_assumed(self, pod_uid: str, node: str) -> None:
+        """The pod's bind began on ``node``: an assumption there holds until the bind ends
+        (it may wait in the node's line longer than ``ASSUMED_S``); one elsewhere goes."""
+        assumed = self._assumed.get(pod_uid)
+        if assumed is not None and assumed[0] != node:
+            self.forget_assumed(pod_uid)
+        elif assumed is not None:
+            self._assumed[pod_uid] = (node, assumed[1], math.inf)
+
     def forget_assumed(self, pod_uid: str) -> None:
         if (assumed := self._assumed.pop(pod_uid, None)) is not None:
             node, lease_id, _ = assumed
@@ -191,7 +201,12 @@ class AgentCache:
             except (grpc.aio.AioRpcError, OSError) as exc:
                 entry.error = _why(exc)
                 log.warning("agent on %s (%s): %s", entry.node_name, entry.target, entry.error)
-            entry.link = None
+            except Exception as exc:  # a bug must not leave the node decided on a frozen answer
+                entry.error = _why(exc)
+                log.exception(
+                    "agent on %s (%s): following it failed", entry.node_name, entry.target
+                )
+            entry.link, entry.stale = None, True
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 

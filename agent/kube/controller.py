@@ -195,6 +195,7 @@ class LeaseController:
         uid = pod["metadata"]["uid"]
         if deleted:
             self.pods.pop(uid, None)
+            self._cache.forget_assumed(uid)
             self._settle(pod, deleted=True)  # gone without our finalizer: still give it back
             return
         self.pods[uid] = pod

@@ -97,6 +97,8 @@ class Extender:
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         names = _node_names(args)
+        # kube-scheduler skips prioritize when one node passes: expire here too
+        self.cache.expire_assumed(time.monotonic())
         try:
             decided, failed = self.decisions(args.get("pod") or {}, names)
         except AnnotationError as exc:

@@ -199,6 +199,7 @@ class ReloadingTls:
 
     def __init__(self, cert_file: str, key_file: str) -> None:
         self.files = (cert_file, key_file)
+        self.stamp = _stamp(*self.files)  # before the load: a change meanwhile is seen
         self.current = _server_context(*self.files)
         self.context = _server_context(*self.files)
         self.context.sni_callback = self._pick
@@ -221,7 +222,7 @@ async def reload_certificate(tls: ReloadingTls, interval_s: float = CERT_CHECK_S
     """Reload whenever either file changes (cert-manager and kubelet-mounted Secrets rotate
     them in place): new connections get the new pair. A pair that does not load (caught
     between the two writes) is tried again at the next check."""
-    seen = _stamp(*tls.files)
+    seen = tls.stamp
     while True:
         await asyncio.sleep(interval_s)
         stamp = _stamp(*tls.files)

@@ -553,6 +553,14 @@ class Hold:
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+# the state the kubelet reports for every container of a pod in that phase
+_CONTAINER_STATES: dict[str, Obj] = {
+    "Running": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+    "Succeeded": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+    "Failed": {"terminated": {"exitCode": 1, "reason": "Error"}},
+}
+
+
 def _copy(value: Any) -> Any:
     """A deep copy of a JSON value (what the store holds), without deepcopy's memo."""
     if isinstance(value, dict):
@@ -1024,6 +1032,11 @@ class FakeApiServer:
         stored = self._find(PODS, namespace, name)
         new = _copy(stored)
         new["status"]["phase"] = phase
+        state = _CONTAINER_STATES.get(phase, {"waiting": {"reason": "ContainerCreating"}})
+        new["status"]["containerStatuses"] = [
+            {"name": c.get("name", ""), "state": _copy(state), "ready": "running" in state}
+            for c in (new.get("spec") or {}).get("containers") or []
+        ]
         return self._update(PODS, stored, new)
 
     def patch_pod(

@@ -146,7 +146,8 @@ async def test_a_pod_whose_lease_was_evicted_while_the_cluster_side_was_down_is_
     root: Path,
 ) -> None:
     """No ``lease.evicted`` event reaches the next cluster side (it follows the agent from
-    its newest event): its reconcile finds the pod bound to a lease that is gone."""
+    its newest event): its reconcile finds the pod bound to a lease that is gone, with no
+    container running."""
     async with loopback_cluster(root, nodes=1, cluster_side="process") as (c, scheduler):
         assert scheduler is not None and c.side_process is not None
         await c.api_server_create(
@@ -168,6 +169,14 @@ async def test_a_pod_whose_lease_was_evicted_while_the_cluster_side_was_down_is_
             assert answer.decision.admitted, answer.decision.message
             preempted += answer.decision.preempted_lease_ids
         assert preempted == [evicted]
+        # its MPS client ended with the lease; the kubelet cannot create the container again
+        waiting = {"waiting": {"reason": "CreateContainerError"}}
+        c.api_server.patch_pod(
+            "team-a",
+            "victim",
+            {"status": {"containerStatuses": [{"name": "main", "state": waiting}]}},
+            subresource="status",
+        )
 
         await c.replace_cluster_side(scheduler)
         await eventually(lambda: c.api_server.pod("team-a", "victim") is None, 60)

@@ -129,6 +129,9 @@ class Cache:
     def forget_assumed(self, pod_uid: str) -> None:
         pass
 
+    def keep_assumed(self, pod_uid: str, node: str) -> None:
+        pass
+
     def allocate(self, lease_id: str) -> None:
         self.calls.append(f"allocated {lease_id}")
         self.allocated.setdefault(lease_id, asyncio.Event()).set()

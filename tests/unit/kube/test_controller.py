@@ -102,6 +102,9 @@ class Cache:
     def why_unknown(self, node: str) -> str:
         return "no agent"
 
+    def forget_assumed(self, pod_uid: str) -> None:
+        pass
+
 
 def controller(api: Api, cache: Cache) -> LeaseController:
     return LeaseController(api, cache, grace_s=60, clock=lambda: NOW)  # type: ignore[arg-type]

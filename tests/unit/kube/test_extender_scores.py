@@ -171,3 +171,28 @@ def test_a_tie_assumes_nothing() -> None:
 def scores_of(ext: Extender, the_pod: dict[str, Any], names: list[str]) -> dict[str, int]:
     answer = ext.prioritize({"pod": the_pod, "nodenames": names})
     return {x["Host"]: x["Score"] for x in answer}
+
+
+def test_filter_expires_assumptions_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler skips prioritize when one node passes filter: a pod that never binds
+    must not hold its assumed lease past ASSUMED_S because no prioritize came."""
+    ext = extender({"a": 0, "b": 70})
+    scores_of(ext, pod(), ["a", "b"])
+    assert ext.cache.nodes["b"].pending  # assumed on b
+    later = time.monotonic() + ASSUMED_S + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    other = pod()
+    other["metadata"]["uid"] = "u-9"
+    ext.filter({"pod": other, "nodenames": ["a"]})
+    assert not ext.cache.nodes["b"].pending
+
+
+def test_a_bind_keeps_its_assumption_while_it_waits_and_drops_one_elsewhere() -> None:
+    ext = extender({"a": 0, "b": 70})
+    cache = ext.cache
+    scores_of(ext, pod(), ["a", "b"])  # assumed on b
+    cache.keep_assumed("u-1", "b")  # its bind began on b: waits in b's line
+    cache.expire_assumed(time.monotonic() + 10 * ASSUMED_S)
+    assert "assumed-u-1" in cache.nodes["b"].pending
+    cache.keep_assumed("u-1", "a")  # a bind of it on another node: b's assumption goes
+    assert not cache.nodes["b"].pending

@@ -36,20 +36,33 @@ def pending(lease_id: str) -> Lease:
     )  # fmt: skip
 
 
+def running(the_pod: Obj) -> Obj:
+    the_pod["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {}}}]
+    return the_pod
+
+
 def due(tracker: LeaselessPods, pods: list[Obj], node: NodeEntry, now: float) -> list[str]:
     return [x.pod["metadata"]["name"] for x in tracker.due(pods, {NODE: node}, now)]
 
 
-def test_a_pod_whose_lease_is_gone_from_two_answers_grace_apart_is_due_once() -> None:
+def waiting(the_pod: Obj) -> Obj:
+    """As the kubelet reports a container it cannot create (CreateContainerError)."""
+    state = {"waiting": {"reason": "CreateContainerError"}}
+    the_pod["status"]["containerStatuses"] = [{"name": "main", "state": state}]
+    return the_pod
+
+
+def test_a_pod_whose_lease_is_gone_from_two_answers_grace_apart_is_due() -> None:
     tracker, node = LeaselessPods(grace_s=10), entry()
-    pods = [pod("p", node=NODE, lease="L-p")]
+    pods = [waiting(pod("p", node=NODE, lease="L-p", phase="Running"))]
     assert due(tracker, pods, node, 0.0) == []  # first seen without it
     assert due(tracker, pods, node, 20.0) == []  # the same answer: maybe not refreshed
     answer_again(node)
     assert due(tracker, pods, node, 5.0) == []  # a newer answer, but within the grace
     assert due(tracker, pods, node, 21.0) == ["p"]
     answer_again(node)
-    assert due(tracker, pods, node, 40.0) == []  # handed out once
+    assert due(tracker, pods, node, 30.0) == []  # handed out: its deletion is under way
+    assert due(tracker, pods, node, 41.0) == ["p"]  # still there twice the grace later
 
 
 @pytest.mark.parametrize(
@@ -60,6 +73,12 @@ def test_a_pod_whose_lease_is_gone_from_two_answers_grace_apart_is_due_once() ->
         (pod("p"), [], "not bound"),
         (pod("p", node=NODE), [], "bound without a lease annotation"),
         (pod("p", node="node-b", lease="L-p"), [], "its node has no agent here"),
+        (running(pod("p", node=NODE, lease="L-p", phase="Running")), [], "a container runs"),
+        (
+            pod("p", node=NODE, lease="L-p"),
+            [pb.Lease(lease_id="", pod="team/q", state="admitted")],
+            "the answer hides another owner's lease: a missing one cannot be told",
+        ),
     ],
 )
 def test_pods_that_are_never_due(the_pod: Obj, leases: list[pb.Lease], why: str) -> None:
@@ -92,7 +111,7 @@ async def test_the_reconcile_deletes_such_a_pod_with_an_event() -> None:
     now = [NOW]
     leases = LeaseController(api, cache, grace_s=60, clock=lambda: now[0])  # type: ignore[arg-type]
     cache.nodes[NODE].link = object()  # type: ignore[assignment]
-    await leases.handle(pod("p", node=NODE, lease="L-p", phase="Running"))
+    await leases.handle(waiting(pod("p", node=NODE, lease="L-p", phase="Running")))
     await leases.reconcile()  # its lease is not in the agent's answer
     cache.nodes[NODE].snapshot = pb.GetNodeResponse()  # a newer answer, still without it
     now[0] += 30
