@@ -40,9 +40,10 @@ Measured in the same run:
 Harness shortcuts a real cluster does not have: pods are created, phased and deleted by
 writes straight into the stand-in API server's store (the same events its watchers see;
 ``--webhook`` sends each pod through the webhook and an HTTP create instead); the kubelets
-start no containers; the API server, the scheduler stand-in and the kubelets run in this
-one process, beside ``gpushare kube serve`` (its own process; ``--cluster-side inline``
-runs it here) and the agents, on the same cores.
+start no containers; the API server, the scheduler stand-in (``--scheduler process``: in a
+process of its own) and the kubelets run in this one process, beside ``gpushare kube
+serve`` (its own process; ``--cluster-side inline`` runs it here) and the agents, on the
+same cores.
 
     python bench/kubernetes.py            # 16 nodes, 2,000 pods (a few minutes)
     python bench/kubernetes.py --small    # 4 nodes, 200 pods (the test's size)
@@ -75,6 +76,7 @@ sys.path.insert(0, str(REPO))
 from agent.admission.policy import Rules  # noqa: E402
 from agent.client import AgentClient, Priority  # noqa: E402
 from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
+from bench.kube_scheduler_proc import RemoteScheduler  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
 from tests.kube.apiserver import ApiError, Obj  # noqa: E402
 from tests.kube.cluster import SHARE, LoopbackCluster, gpu_pod, loopback_cluster  # noqa: E402
@@ -204,7 +206,7 @@ def _gist(error: str) -> str:
 class Run:
     args: argparse.Namespace
     cluster: LoopbackCluster
-    scheduler: TimedScheduler
+    scheduler: Any  # TimedScheduler, or RemoteScheduler (the same figures)
     units: list[list[PodPlan]]
     by_uid: dict[str, PodPlan] = field(default_factory=dict)
     clients: dict[str, AgentClient] = field(default_factory=dict)
@@ -455,7 +457,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         nri=args.injector == "nri",
     ) as (cluster, _):
         assert cluster.kubelets is not None
-        scheduler = TimedScheduler(
+        scheduler = (TimedScheduler if args.scheduler == "inline" else RemoteScheduler)(
             cluster.api_server.url,
             cluster.extender_url,
             list(cluster.nodes),
@@ -606,6 +608,13 @@ def main() -> None:
         default=16,
         help="scheduling cycles (filter and prioritize) at once in the scheduler stand-in; "
         "kube-scheduler runs 1, its binding cycles beside it (16)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=("inline", "process"),
+        default="inline",
+        help="the scheduler stand-in in the harness's event loop (the default), or in a "
+        "process of its own, as kube-scheduler runs",
     )
     parser.add_argument("--progress-s", type=float, default=5.0)
     parser.add_argument("--webhook", action="store_true", help="create through the webhook")

@@ -112,12 +112,12 @@ class FakeClock:
         self.now += seconds
 
 
-def run_bench_small(script: str, timeout_s: float) -> dict[str, Any]:
+def run_bench_small(script: str, timeout_s: float, *extra: str) -> dict[str, Any]:
     """``bench/<script> --small`` as a process: it must exit 0; its last line, as JSON."""
     import json
 
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / script), "--small"],
+        [sys.executable, str(REPO / "bench" / script), "--small", *extra],
         env=subprocess_env(),
         capture_output=True,
         text=True,
