@@ -70,7 +70,7 @@ def place_batch(
         if decision.admitted:
             assert decision.device_uuid is not None
             view = current[decision.device_uuid]
-            pending = _pending(request, view.device.uuid, now)
+            pending = pending_lease(request, view.device.uuid, now)
             domains = None if view.domains is None else view.domains | {pending.trust_domain}
             current[view.device.uuid] = dataclasses.replace(
                 view,
@@ -82,9 +82,18 @@ def place_batch(
     return decisions
 
 
-def _pending(request: AdmissionRequest, device_uuid: str, now: float) -> Lease:
+def pending_lease(
+    request: AdmissionRequest,
+    device_uuid: str,
+    now: float,
+    *,
+    lease_id: str = "",
+    state: LeaseState = LeaseState.ADMITTED,
+) -> Lease:
+    """``request`` as a lease on ``device_uuid`` that is not granted yet: counted against
+    the device by later decisions (a batch's earlier placements, an assumed bind)."""
     return Lease(
-        lease_id=f"batch:{request.request_id}",
+        lease_id=lease_id or f"batch:{request.request_id}",
         request_id=request.request_id,
         tenant=request.tenant,
         trust_domain=request.trust_domain,
@@ -92,7 +101,7 @@ def _pending(request: AdmissionRequest, device_uuid: str, now: float) -> Lease:
         priority=request.priority,
         memory_bytes=request.memory_bytes,
         thread_pct=request.thread_pct,
-        state=LeaseState.ADMITTED,
+        state=state,
         created_at=now,
         updated_at=now,
     )

@@ -21,7 +21,7 @@ import grpc
 from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
 from agent.kube.cache import AgentCache
-from agent.kube.leaseless import LeaselessPods, evicted_event
+from agent.kube.leaseless import LeaselessPods, evicted_event, placement
 from agent.kube.port import (
     Conflict,
     Gone,
@@ -313,7 +313,7 @@ class LeaseController:
         lease. Released here, the lease's request id could never be used again and the
         pod would never bind. If the retry goes to another node, this lease is then bound
         elsewhere and released; if the pod ends, it is released as the pod's."""
-        placed = {_key(p): _placement(p) for p in self.pods.values() if not ended(p)}
+        placed = {_key(p): placement(p) for p in self.pods.values() if not ended(p)}
         count = 0
         now = self._clock()
         for node, entry in list(self._cache.nodes.items()):
@@ -354,13 +354,7 @@ class LeaseController:
             return ""
         if _key(pod) != key or ended(pod):
             return "is gone or ended"
-        return _orphaned(lease, node, _placement(pod))
-
-
-def _placement(pod: Obj) -> tuple[str, str]:
-    """The node a live pod is bound to ("" for none) and the lease it was bound with."""
-    node = (pod.get("spec") or {}).get("nodeName", "")
-    return node, annotations_of(pod).get(LEASE_ANNOTATION, "")
+        return _orphaned(lease, node, placement(pod))
 
 
 def _orphaned(lease: pb.Lease, node: str, placement: tuple[str, str] | None) -> str:

@@ -17,8 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.admission.capacity import pending_lease
 from agent.admission.policy import DeviceView, Rules, decide, memory_left_bytes
-from agent.core.lease import Lease, LeaseState
+from agent.core.lease import LeaseState
 from agent.core.types import AdmissionRequest, Decision
 from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
 from agent.kube.binder import Binder
@@ -138,19 +139,12 @@ class Extender:
             return
         [node] = chosen
         request, decision = admission_of(pod, parse_ask(pod)), decided[node]
-        now = time.time()
-        lease = Lease(
+        lease = pending_lease(  # reserved: never a victim of another pod's preemption
+            request,
+            decision.device_uuid or "",
+            time.time(),
             lease_id=f"assumed-{uid}",
-            request_id=uid,
-            tenant=request.tenant,
-            trust_domain=request.trust_domain,
-            device_uuid=decision.device_uuid or "",
-            priority=request.priority,
-            memory_bytes=request.memory_bytes,
-            thread_pct=request.thread_pct,
             state=LeaseState.RESERVED,
-            created_at=now,
-            updated_at=now,
         )
         self.cache.assume(node, lease, until=time.monotonic() + ASSUMED_S)
 

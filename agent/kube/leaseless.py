@@ -47,7 +47,7 @@ class LeaselessPods:
         found, seen = [], set()
         for pod in pods:
             uid = pod["metadata"]["uid"]
-            node, lease_id = _placement(pod)
+            node, lease_id = placement(pod)
             entry = nodes.get(node)
             if not lease_id or entry is None or not _judged(entry) or _running(pod):
                 continue
@@ -66,10 +66,10 @@ class LeaselessPods:
         return found
 
 
-def _placement(pod: Obj) -> tuple[str, str]:
-    return (pod.get("spec") or {}).get("nodeName", ""), annotations_of(pod).get(
-        LEASE_ANNOTATION, ""
-    )
+def placement(pod: Obj) -> tuple[str, str]:
+    """The node a pod is bound to ("" for none) and the lease it was bound with."""
+    node = (pod.get("spec") or {}).get("nodeName", "")
+    return node, annotations_of(pod).get(LEASE_ANNOTATION, "")
 
 
 def _judged(entry: NodeEntry) -> bool:
