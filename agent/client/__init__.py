@@ -16,6 +16,12 @@ certificate: ``AgentClient(target, token=read_token_file(path),
 credentials=tls_credentials("ca.crt"))``.
 """
 
-from agent.client.client import AgentClient, Priority, read_token_file, tls_credentials
+from agent.client.client import (
+    AgentClient,
+    Priority,
+    TokenFile,
+    read_token_file,
+    tls_credentials,
+)
 
-__all__ = ["AgentClient", "Priority", "read_token_file", "tls_credentials"]
+__all__ = ["AgentClient", "Priority", "TokenFile", "read_token_file", "tls_credentials"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -42,12 +43,40 @@ def read_token_file(path: str) -> str:
     return Path(path).read_text().strip()
 
 
+class TokenFile:
+    """A bearer token file read again whenever it changes (a stat per call: a mounted
+    Secret is swapped by a new link, a file by ``mv``), for a long-lived client that must
+    follow a rotation at its next call. A file that cannot be read then keeps the last
+    token read; the first read must succeed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp = self._stat()
+        self._token = read_token_file(path)
+
+    def _stat(self) -> tuple[int, int, int]:
+        found = os.stat(self.path)
+        return found.st_ino, found.st_mtime_ns, found.st_size
+
+    def __call__(self) -> str:
+        try:
+            stamp = self._stat()
+            if stamp != self._stamp:
+                self._token, self._stamp = read_token_file(self.path), stamp
+        except OSError as exc:
+            log.warning("token file %s not read again (the last token kept): %s", self.path, exc)
+        return self._token
+
+
+TokenSource = Callable[[], str | None]  # asked at each call
+
+
 class AgentClient:
     def __init__(
         self,
         target: str,
         *,
-        token: str | None = None,
+        token: str | TokenSource | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str = "",
         timeout_s: float = 10.0,
@@ -55,7 +84,7 @@ class AgentClient:
         backoff_s: float = 0.1,
     ) -> None:
         self.target = target
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._token = token
         self._credentials = credentials
         self._options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
         self._timeout_s = timeout_s
@@ -86,11 +115,17 @@ class AgentClient:
             raise RuntimeError("use the client in 'async with'")
         return self._stub
 
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call's ``authorization``: a token source is asked each time (a rotation
+        takes effect at the next call, on the connection already open)."""
+        token = self._token() if callable(self._token) else self._token
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
     async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
         delay = self._backoff_s
         for attempt in range(1, self._attempts + 1):
             try:
-                return await method(request, timeout=self._timeout_s, metadata=self._metadata)
+                return await method(request, timeout=self._timeout_s, metadata=self._metadata())
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRIED or attempt == self._attempts:
                     raise
@@ -147,7 +182,7 @@ class AgentClient:
         while True:
             try:
                 stream = self.stub.WatchEvents(
-                    pb.WatchEventsRequest(since_seq=last), metadata=self._metadata
+                    pb.WatchEventsRequest(since_seq=last), metadata=self._metadata()
                 )
                 async for event in stream:
                     last = event.seq

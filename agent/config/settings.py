@@ -76,13 +76,13 @@ class ApiSettings:
         "or one 'NAME TOKEN' line per caller (the name owns the leases it makes): "
         "owned by the agent's user, mode 0600 or 0400, at least 128 bits of entropy. Needs "
         "server TLS (api.tls_cert_file/tls_key_file) unless api.insecure_loopback. Read at "
-        "start and on SIGHUP; never logged.",
+        "start, on SIGHUP and when it changes (api.secrets_check_s); never logged.",
     )
     tls_cert_file: str = _setting(
-        "", "Server certificate (PEM) of the TCP listener; re-read on SIGHUP."
+        "", "Server certificate (PEM) of the TCP listener; re-read on SIGHUP and on a change."
     )
     tls_key_file: str = _setting(
-        "", "Server private key (PEM) of the TCP listener; re-read on SIGHUP."
+        "", "Server private key (PEM) of the TCP listener; re-read on SIGHUP and on a change."
     )
     tls_client_ca_file: str = _setting(
         "",
@@ -101,6 +101,13 @@ class ApiSettings:
         "see only their own.",
     )
     max_batch: int = _setting(1024, "Most requests in one AdmitBatch.", min=1)
+    secrets_check_s: float = _setting(
+        30.0,
+        "Seconds between checks of the token and TLS files for a change; a change reloads "
+        "them as SIGHUP does (a Kubernetes Secret update reaches the agent with no signal). "
+        "0: only on SIGHUP.",
+        min=0.0,
+    )
 
 
 @dataclass(frozen=True, slots=True)

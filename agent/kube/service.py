@@ -17,7 +17,7 @@ import grpc
 from aiohttp import web
 
 from agent.admission.policy import Rules
-from agent.client import AgentClient, read_token_file, tls_credentials
+from agent.client import AgentClient, TokenFile, tls_credentials
 from agent.kube.agents import AgentLink, Connect, targets_from_slices
 from agent.kube.binder import Binder, BindOptions
 from agent.kube.cache import AgentCache
@@ -55,18 +55,19 @@ class ClusterOptions:
 
 
 def connector(options: ClusterOptions) -> Connect:
-    """target -> an AgentClient in ``async with``. Its TLS files and token are read again
-    at each connection (a stream broken by a rotated token reconnects with the new one);
-    files that cannot be read then leave the last ones read in use."""
+    """target -> an AgentClient in ``async with``. The token is read again at each call
+    once its file changed (a rotation takes effect on the connections already open); the
+    TLS files at each connection. Files that cannot be read then leave the last ones read
+    in use."""
     known = _AgentSecrets(options)
+    token = TokenFile(options.agent_token_file) if options.agent_token_file else None
 
     def connect(target: str) -> contextlib.AbstractAsyncContextManager[AgentLink]:
-        credentials, token = known.current()
         return AgentClient(
             target,
             token=token,
-            credentials=credentials,
-            server_name=options.agent_server_name if credentials is not None else "",
+            credentials=known.current(),
+            server_name=options.agent_server_name if not options.insecure_agents else "",
             attempts=2,
         )
 
@@ -74,27 +75,27 @@ def connector(options: ClusterOptions) -> Connect:
 
 
 class _AgentSecrets:
+    """The TLS files towards the agents, read again for each connection."""
+
     def __init__(self, options: ClusterOptions) -> None:
         self._options = options
         self._last = self._read()  # at start, unreadable files are an error
 
-    def _read(self) -> tuple[grpc.ChannelCredentials | None, str | None]:
+    def _read(self) -> grpc.ChannelCredentials | None:
         options = self._options
-        credentials = None
-        if not options.insecure_agents:
-            credentials = tls_credentials(
-                options.agent_ca_file,
-                cert_file=options.agent_cert_file,
-                key_file=options.agent_key_file,
-            )
-        token = read_token_file(options.agent_token_file) if options.agent_token_file else None
-        return credentials, token
+        if options.insecure_agents:
+            return None
+        return tls_credentials(
+            options.agent_ca_file,
+            cert_file=options.agent_cert_file,
+            key_file=options.agent_key_file,
+        )
 
-    def current(self) -> tuple[grpc.ChannelCredentials | None, str | None]:
+    def current(self) -> grpc.ChannelCredentials | None:
         try:
             self._last = self._read()
         except OSError as exc:
-            log.warning("agents' TLS files or token not read again (last ones kept): %s", exc)
+            log.warning("agents' TLS files not read again (the last ones kept): %s", exc)
         return self._last
 
 

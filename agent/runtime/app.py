@@ -209,6 +209,7 @@ class App:
             await self.http.start()
         for server in self.servers:
             await server.start()
+        self._follow_secret_files()
         self._started = True
         if self._tune_memory:
             tune_gc()
@@ -371,6 +372,13 @@ class App:
             self.sampler.errors_total,
             up=self.sampler.up,
         )
+
+    def _follow_secret_files(self) -> None:
+        api = self.settings.api
+        paths = listeners.secret_files(api)
+        if paths and api.tcp_listen and api.secrets_check_s > 0:
+            watch = listeners.reload_on_change(paths, self.servers, api.secrets_check_s)
+            self.supervisor.spawn("secret-files", watch)
 
     def _on_reload(self) -> None:
         log.info("received SIGHUP: reloading the token and certificates")

@@ -4,7 +4,9 @@ without dropping an open WatchEvents stream, and nothing it creates is open to o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import secrets
 import signal
 import stat
 import subprocess
@@ -19,6 +21,7 @@ import pytest
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.client import tls_credentials
+from agent.kube.service import ClusterOptions, connector
 from tests.certs import Pki, make_pki, make_token
 from tests.helpers import short_dir, spawn_agent
 
@@ -49,8 +52,8 @@ def tcp_port(root: Path) -> int:
     return int(line.split("127.0.0.1:")[1].split()[0])
 
 
-@pytest.fixture
-def agent(root: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pki]]:
+@contextlib.contextmanager
+def running_agent(root: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes], Pki]]:
     pki = make_pki(root / "pki")
     make_token(root / "token")
     process = spawn_agent(
@@ -60,6 +63,7 @@ def agent(root: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pki]]:
         "--set", f"api.tls_key_file={pki.server_key}",
         "--set", f"api.token_file={root / 'token'}",
         "--set", "mps.client_group=gpushare-no-such-group",
+        *extra,
     )  # fmt: skip
     try:
         wait_for_log(root, "agent ready")
@@ -68,6 +72,12 @@ def agent(root: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pki]]:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         assert "Traceback" not in (root / "agent.log").read_text()
+
+
+@pytest.fixture
+def agent(root: Path) -> Iterator[tuple[subprocess.Popen[bytes], Pki]]:
+    with running_agent(root) as started:
+        yield started
 
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:
@@ -182,3 +192,80 @@ def test_state_socket_and_pipes_are_closed_to_others(
     assert all(mode(p) == 0o700 for p in [*pipes, *logs])
     assert "gpushare-no-such-group" in (root / "agent.log").read_text()
     assert open_to_others(root) == []
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Replace a secret file whole (write aside, mode 0600, rename), as a rotation does."""
+    aside = path.with_suffix(".new")
+    aside.write_text(text)
+    aside.chmod(0o600)
+    aside.replace(path)
+
+
+async def test_kube_serve_follows_a_token_rotation_on_its_open_connection(
+    root: Path, agent: tuple[subprocess.Popen[bytes], Pki]
+) -> None:
+    """The runbook's rotation with `kube serve`'s agent client: its connection stays open
+    throughout, and no call is refused (the token file is read at the call after it
+    changed)."""
+    process, pki = agent
+    old, new = secrets_pair()
+    mine = root / "kube-token"
+
+    def agent_accepts(*tokens: str) -> None:
+        offset = len((root / "agent.log").read_text())
+        rewrite(root / "token", "".join(f"scheduler {token}\n" for token in tokens))
+        process.send_signal(signal.SIGHUP)
+        wait_for_log(root, "token and certificates re-read", after=offset)
+
+    agent_accepts(old)
+    make_token(mine, old)
+    options = ClusterOptions(
+        agent_ca_file=str(pki.ca), agent_token_file=str(mine), agent_server_name=""
+    )
+    async with connector(options)(f"127.0.0.1:{tcp_port(root)}") as link:
+        assert (await link.admit(request_id="with-old", **ASK)).decision.admitted
+        agent_accepts(old, new)  # step 2: both
+        rewrite(mine, new + "\n")  # step 3: the client gets the new one
+        agent_accepts(new)  # step 4: the old one goes
+        answer = await link.admit(request_id="with-new", **ASK)  # the same channel
+        assert answer.decision.admitted
+        await link.release(answer.lease.lease_id)
+        mine.unlink()  # a file gone mid-rotation: the last token read is kept
+        assert (await link.get_node(ledger_only=True)).devices
+
+
+ASK = {
+    "tenant": "team-a",
+    "trust_domain": "team-a",
+    "priority": pb.BURSTABLE,
+    "memory_bytes": 2**30,
+    "thread_pct": 10.0,
+}
+
+
+def secrets_pair() -> tuple[str, str]:
+    return secrets.token_hex(32), secrets.token_hex(32)
+
+
+async def test_a_changed_token_file_is_reloaded_with_no_signal(root: Path) -> None:
+    """A Kubernetes Secret update reaches the agent as a new file and no SIGHUP: the agent
+    notices the change (api.secrets_check_s) and reloads, as SIGHUP would."""
+    with running_agent(root, "--set", "api.secrets_check_s=0.2") as (_process, pki):
+        old = (root / "token").read_text().strip()
+        tcp = grpc.aio.secure_channel(f"127.0.0.1:{tcp_port(root)}", tls_credentials(str(pki.ca)))
+        async with tcp:
+            remote = pb_grpc.AgentStub(tcp)
+            assert await ping_code(remote, old) is grpc.StatusCode.OK
+            offset = len((root / "agent.log").read_text())
+            new = secrets.token_hex(32)
+            rewrite(root / "token", new + "\n")
+            await asyncio.to_thread(
+                wait_for_log, root, "token and certificates re-read", after=offset
+            )
+            assert await ping_code(remote, old) is grpc.StatusCode.UNAUTHENTICATED
+            assert await ping_code(remote, new) is grpc.StatusCode.OK
+            offset = len((root / "agent.log").read_text())
+            rewrite(root / "token", "changeme\n")  # refused: the new token stays
+            await asyncio.to_thread(wait_for_log, root, "kept the previous secret", after=offset)
+            assert await ping_code(remote, new) is grpc.StatusCode.OK

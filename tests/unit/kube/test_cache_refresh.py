@@ -85,12 +85,16 @@ async def test_a_refused_token_ends_the_connection_to_connect_again() -> None:
     assert entry.stale
 
 
-def test_each_connection_reads_the_agents_token_again(tmp_path: Path) -> None:
+def test_each_call_reads_the_agents_token_again_once_it_changed(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("first\n")
     connect = connector(ClusterOptions(agent_token_file=str(token), insecure_agents=True))
-    assert connect("127.0.0.1:1")._metadata == (("authorization", "Bearer first"),)  # type: ignore[attr-defined]
-    token.write_text("second\n")
-    assert connect("127.0.0.1:1")._metadata == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
+    client = connect("127.0.0.1:1")
+    assert client._metadata() == (("authorization", "Bearer first"),)  # type: ignore[attr-defined]
+    aside = tmp_path / "token.new"
+    aside.write_text("second\n")
+    aside.replace(token)  # a new file in its place, as a Secret's update is
+    assert client._metadata() == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
+    assert connect("127.0.0.1:2")._metadata() == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
     token.unlink()  # mid-rotation: the last one read is kept
-    assert connect("127.0.0.1:1")._metadata == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
+    assert client._metadata() == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
