@@ -149,6 +149,40 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> floa
     "How often each node's label gpushare.io/ready and condition GpushareReady are published.",
 )
 @click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    show_default=True,
+    help="Run the lease controller and the node-state publisher only in the replica that "
+    "holds a coordination.k8s.io Lease (the extender and the webhook run in every replica).",
+)
+@click.option(
+    "--leader-elect-namespace",
+    default="gpushare-system",
+    show_default=True,
+    help="Namespace of the leader election's Lease.",
+)
+@click.option(
+    "--leader-elect-lease",
+    default="gpushare-kube-serve",
+    show_default=True,
+    help="Name of the leader election's Lease.",
+)
+@seconds_option(
+    "--leader-elect-lease-duration-s",
+    15.0,
+    "How long the other replicas wait, after the leader's last renewal they saw, to take over.",
+)
+@seconds_option(
+    "--leader-elect-renew-deadline-s",
+    10.0,
+    "How long the leader goes on without a renewal before it stops (below the duration).",
+)
+@seconds_option(
+    "--leader-elect-retry-period-s",
+    2.0,
+    "Between two reads of the Lease, by the leader and the candidates.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -185,6 +219,7 @@ def kube_serve(**options: Any) -> None:
         node_state_interval_s=options["node_state_interval_s"],
         lease_grace_s=options["lease_grace_s"],
         bind=BindOptions(hold_s=options["hold_s"], gang_ttl_s=options["gang_ttl_s"]),
+        leader=_leader(options),
     )
     try:
         asyncio.run(_serve(options, cluster))
@@ -208,6 +243,23 @@ def _check_pairs(options: dict[str, Any]) -> None:
         problems.append("--api-token-file and --api-ca go with --api-server")
     if problems:
         fail("usage: " + "; ".join(problems), exits.CONFIG)
+
+
+def _leader(options: dict[str, Any]) -> Any:
+    from agent.kube.leader import LeaderOptions
+
+    if not options["leader_elect"]:
+        return None
+    try:
+        return LeaderOptions(
+            namespace=options["leader_elect_namespace"],
+            name=options["leader_elect_lease"],
+            lease_duration_s=options["leader_elect_lease_duration_s"],
+            renew_deadline_s=options["leader_elect_renew_deadline_s"],
+            retry_period_s=options["leader_elect_retry_period_s"],
+        )
+    except ValueError as exc:
+        fail(f"usage: {exc}", exits.CONFIG)
 
 
 def _api(options: dict[str, Any]) -> Any:

@@ -100,6 +100,7 @@ class LeaseController:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.pods.clear()  # stopped (a lost leadership): nothing decided on an old view
 
     async def _follow_pods(self) -> None:
         """List, then watch until the stream ends (a watch times out: list again)."""

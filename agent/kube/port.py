@@ -97,6 +97,18 @@ class KubeApi(Protocol):
         """The EndpointSlices of a Service (label ``kubernetes.io/service-name``)."""
         ...
 
+    async def get_lease(self, namespace: str, name: str) -> Obj:
+        """A ``coordination.k8s.io/v1`` Lease (leader election)."""
+        ...
+
+    async def create_lease(self, namespace: str, lease: Obj) -> Obj:
+        """Create a Lease; 409 if it exists."""
+        ...
+
+    async def replace_lease(self, namespace: str, name: str, lease: Obj) -> Obj:
+        """PUT a Lease; 409 if its ``metadata.resourceVersion`` is not the stored one."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

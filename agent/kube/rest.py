@@ -1,6 +1,7 @@
 """The one adapter of :class:`agent.kube.port.KubeApi`: ``kubernetes_asyncio``'s generated
-``CoreV1Api`` and ``DiscoveryV1Api`` over one ``ApiClient`` (its aiohttp session, its TLS
-and bearer-token handling, in-cluster configuration with token rotation).
+``CoreV1Api``, ``DiscoveryV1Api`` and ``CoordinationV1Api`` over one ``ApiClient`` (its
+aiohttp session, its TLS and bearer-token handling, in-cluster configuration with token
+rotation).
 
 Every call asks for the raw response (``_preload_content=False``) and decodes the JSON
 itself: objects stay as the API server sent them (no model round trip, no renamed fields)
@@ -24,7 +25,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, cast
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, DiscoveryV1Api
+from kubernetes_asyncio.client import (
+    ApiClient,
+    Configuration,
+    CoordinationV1Api,
+    CoreV1Api,
+    DiscoveryV1Api,
+)
 from kubernetes_asyncio.client.exceptions import ApiException, OpenApiException
 from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
@@ -110,7 +117,7 @@ class RestKubeApi:
     def __init__(self, configuration: Configuration, *, timeout_s: float = 30.0) -> None:
         self._configuration = configuration
         self._timeout_s = timeout_s
-        self._apis: tuple[ApiClient, CoreV1Api, DiscoveryV1Api] | None = None
+        self._apis: tuple[ApiClient, CoreV1Api, DiscoveryV1Api, CoordinationV1Api] | None = None
 
     @classmethod
     def in_cluster(
@@ -174,7 +181,10 @@ class RestKubeApi:
     def _discovery(self) -> DiscoveryV1Api:
         return self._clients()[2]
 
-    def _clients(self) -> tuple[ApiClient, CoreV1Api, DiscoveryV1Api]:
+    def _coordination(self) -> CoordinationV1Api:
+        return self._clients()[3]
+
+    def _clients(self) -> tuple[ApiClient, CoreV1Api, DiscoveryV1Api, CoordinationV1Api]:
         if self._apis is None:  # its aiohttp session belongs to the running loop
             if self._configuration.proxy is None:
                 self._configuration.proxy = proxy_from_env(str(self._configuration.host))
@@ -183,7 +193,12 @@ class RestKubeApi:
             # every request, each in a worker thread (a sixth of a busy extender's CPU);
             # the proxy is looked up once above, and netrc has no say on a token API
             client.rest_client.pool_manager._trust_env = False
-            self._apis = (client, CoreV1Api(client), DiscoveryV1Api(client))
+            self._apis = (
+                client,
+                CoreV1Api(client),
+                DiscoveryV1Api(client),
+                CoordinationV1Api(client),
+            )
         return self._apis
 
     async def _open(
@@ -346,6 +361,17 @@ class RestKubeApi:
             label_selector=f"{SERVICE_NAME_LABEL}={service}",
         )
         return list(listed.get("items") or [])
+
+    async def get_lease(self, namespace: str, name: str) -> Obj:
+        return await self._call(self._coordination().read_namespaced_lease, name, namespace)
+
+    async def create_lease(self, namespace: str, lease: Obj) -> Obj:
+        return await self._call(self._coordination().create_namespaced_lease, namespace, lease)
+
+    async def replace_lease(self, namespace: str, name: str, lease: Obj) -> Obj:
+        return await self._call(
+            self._coordination().replace_namespaced_lease, name, namespace, lease
+        )
 
     async def aclose(self) -> None:
         apis, self._apis = self._apis, None

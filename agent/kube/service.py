@@ -23,6 +23,7 @@ from agent.kube.binder import Binder, BindOptions
 from agent.kube.cache import AgentCache
 from agent.kube.controller import LeaseController
 from agent.kube.extender import Extender, build_extender_app
+from agent.kube.leader import LeaderElector, LeaderOptions
 from agent.kube.nodestate import publish_node_states
 from agent.kube.port import KubeApi, KubeError
 
@@ -52,6 +53,8 @@ class ClusterOptions:
     node_state_interval_s: float = 30.0
     lease_grace_s: float = 60.0  # a younger lease may belong to a bind in flight
     rules: Rules = field(default_factory=Rules)
+    # the controller and the node-state publisher in the Lease holder only; None: here
+    leader: LeaderOptions | None = None
 
 
 def connector(options: ClusterOptions) -> Connect:
@@ -145,6 +148,7 @@ class ClusterSide:
         self.extender = Extender(self.cache, self.binder, options.rules)
         self.extender_port = 0
         self.webhook_port = 0
+        self.elector: LeaderElector | None = None
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -168,16 +172,30 @@ class ClusterSide:
             self._tasks.append(
                 asyncio.create_task(reload_certificate(tls), name="webhook-certificate")
             )
-        self._tasks += [
-            asyncio.create_task(discover(self.api, self.cache, options), name="agent-discovery"),
-            asyncio.create_task(self.controller.run(), name="lease-controller"),
-            asyncio.create_task(
+        self._tasks.append(
+            asyncio.create_task(discover(self.api, self.cache, options), name="agent-discovery")
+        )
+        if options.leader is None:
+            self._tasks.append(asyncio.create_task(self._write_side(), name="write-side"))
+        else:
+            self.elector = LeaderElector(self.api, options.leader)
+            self._tasks.append(
+                asyncio.create_task(self.elector.run(self._write_side), name="leader-election")
+            )
+
+    async def _write_side(self) -> None:
+        """The parts that write to the cluster: one replica's at a time."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.controller.run(), name="lease-controller")
+            group.create_task(
                 publish_node_states(
-                    self.api, self.cache, options.rules, interval_s=options.node_state_interval_s
+                    self.api,
+                    self.cache,
+                    self.options.rules,
+                    interval_s=self.options.node_state_interval_s,
                 ),
                 name="node-state",
-            ),
-        ]
+            )
 
     async def wait(self) -> None:
         """Until a task fails (its exception is raised) or :meth:`aclose`."""

@@ -45,6 +45,9 @@ KUBE_SERVE_OPTIONS = {
     "--extender-listen", "--webhook-listen", "--webhook-cert", "--webhook-key",
     "--reconcile-interval-s", "--hold-s", "--gang-ttl-s", "--discovery-interval-s",
     "--node-state-interval-s", "--log-level", "--agent-server-name", "--lease-grace-s",
+    "--leader-elect", "--no-leader-elect", "--leader-elect-namespace", "--leader-elect-lease",
+    "--leader-elect-lease-duration-s", "--leader-elect-renew-deadline-s",
+    "--leader-elect-retry-period-s",
 }  # fmt: skip
 
 # The kubernetes_asyncio calls of agent/kube/rest.py -> (API group, resource, verb).
@@ -58,9 +61,12 @@ CALLS = {
     "patch_node_status": ("", "nodes/status", "patch"),
     "create_namespaced_event": ("", "events", "create"),
     "list_namespaced_endpoint_slice": ("discovery.k8s.io", "endpointslices", "list"),
+    "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
+    "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
+    "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
 }
 # Resources the gpushare container reads in its own namespace only (a Role, not cluster-wide).
-NAMESPACED = {("discovery.k8s.io", "endpointslices")}
+NAMESPACED = {("discovery.k8s.io", "endpointslices"), ("coordination.k8s.io", "leases")}
 # The roles the kube-scheduler container is bound to, built into Kubernetes.
 BUILT_IN_ROLES = {
     ("ClusterRole", "system:kube-scheduler"),

@@ -1,7 +1,8 @@
 """A stand-in kube-apiserver for tests: real paths, JSON shapes, status codes and ``Status``
 error bodies for the few resources the cluster side uses (pods, nodes, core/v1 events,
-discovery/v1 EndpointSlices), held in memory under one global, increasing
-``resourceVersion`` (a string of an integer, set on an object by every write to it).
+discovery/v1 EndpointSlices, coordination/v1 Leases: create, get and PUT), held in memory
+under one global, increasing ``resourceVersion`` (a string of an integer, set on an object
+by every write to it).
 
     async with FakeApiServer(token="t") as api:
         pod = api.create_pod("train-0", "team-a", finalizers=["gpushare.io/lease"])
@@ -423,7 +424,14 @@ SLICES = Kind(
     True,
     frozenset({"metadata.name", "metadata.namespace", "addressType"}),
 )
-KINDS = {k.resource: k for k in (PODS, NODES, EVENTS, SLICES)}
+LEASES = Kind(
+    "leases",
+    "Lease",
+    "coordination.k8s.io/v1",
+    True,
+    frozenset({"metadata.name", "metadata.namespace"}),
+)
+KINDS = {k.resource: k for k in (PODS, NODES, EVENTS, SLICES, LEASES)}
 Key = tuple[str, str]  # (namespace, name); namespace "" for nodes
 
 
@@ -679,6 +687,10 @@ class FakeApiServer:
         add("DELETE", f"{ns}/pods/{{name}}", self._delete_pod)
         add("DELETE", "/api/v1/nodes/{name}", self._delete_node)
         add("POST", f"{ns}/pods/{{name}}/binding", self._bind)
+        leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        add("POST", leases, partial(self._create, LEASES))
+        add("GET", leases + "/{name}", partial(self._get, LEASES))
+        add("PUT", leases + "/{name}", partial(self._replace, LEASES))
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -878,6 +890,26 @@ class FakeApiServer:
         return web.json_response(
             self._insert(kind, request.match_info.get("namespace", ""), body), status=201
         )
+
+    async def _replace(self, kind: Kind, request: web.Request) -> web.StreamResponse:
+        """PUT: the whole object; a ``metadata.resourceVersion`` other than the stored one
+        is a 409 (none: an unconditional update, as leases allow)."""
+        m = request.match_info
+        name = m["name"]
+        body = await _json(request)
+        stored = self._find(kind, m.get("namespace", ""), name)
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        if not isinstance(meta, dict):
+            raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata: Required value')
+        if meta.get("name") != name:
+            raise ApiError(400, "the name of the object does not match the name on the URL")
+        version = meta.get("resourceVersion")
+        if version and version != stored["metadata"]["resourceVersion"]:
+            raise conflict(f"{kind.resource}.coordination.k8s.io", name, MODIFIED_WHY)
+        new = _copy(body)
+        new["kind"], new["apiVersion"] = kind.kind, kind.api_version
+        new["metadata"].setdefault("namespace", stored["metadata"].get("namespace", ""))
+        return web.json_response(self._update(kind, stored, new))
 
     async def _patch(
         self, kind: Kind, subresource: str, request: web.Request

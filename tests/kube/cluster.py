@@ -305,8 +305,12 @@ class LoopbackCluster:
             await self.side.api.aclose()
             self.side = None
 
-    def spawn_cluster_side(self, *, grace_s: float = 0.0) -> None:
-        """``gpushare kube serve`` as a process of its own (a test may SIGKILL it)."""
+    def spawn_cluster_side(
+        self, *, grace_s: float = 0.0, name: str = "cluster-side"
+    ) -> subprocess.Popen[bytes]:
+        """``gpushare kube serve`` as a process of its own (a test may SIGKILL it), logging
+        to ``<name>.log``; another ``name`` is another replica (leader election decides
+        which one runs the controller)."""
         (self.root / "api-token").write_text(API_TOKEN)
         port = free_port("127.0.0.1")
         command = agent_command(
@@ -323,12 +327,17 @@ class LoopbackCluster:
             f"127.0.0.1:{port}",
             # the inline cluster side's options (node state keeps its default interval)
             *_flags(self.options()),
+            # a replica killed hands over within seconds, not 15
+            *("--leader-elect-lease-duration-s", "3"),
+            *("--leader-elect-renew-deadline-s", "2"),
+            *("--leader-elect-retry-period-s", "0.25"),
         )
-        with open(self.root / "cluster-side.log", "ab") as log:
+        with open(self.root / f"{name}.log", "ab") as log:
             self.side_process = subprocess.Popen(
                 command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=log
             )
         self.extender_url = f"http://127.0.0.1:{port}"
+        return self.side_process
 
     def add_node(
         self, index: int, port: int, extra: tuple[str, ...] = (), *, nri: bool = False

@@ -22,6 +22,7 @@ from tests.kube.cluster import (
     gpu_pod,
     loopback_cluster,
     wait_agent,
+    wait_healthy,
 )
 from tests.kube.test_end_to_end import LEASE, live_leases, running
 
@@ -184,3 +185,53 @@ async def test_a_pod_whose_lease_was_evicted_while_the_cluster_side_was_down_is_
             e for e in c.api_server.events_for("victim", "team-a") if e["reason"] == "LeaseEvicted"
         ]
         assert f"lease {evicted} is no longer live there" in event["message"]
+
+
+def lease_holder(c: LoopbackCluster) -> tuple[str, int]:
+    """(holderIdentity, leaseTransitions) of `kube serve`'s leader election Lease."""
+    stored = c.api_server.objects["leases"].get(("gpushare-system", "gpushare-kube-serve"))
+    spec = (stored or {}).get("spec") or {}
+    return str(spec.get("holderIdentity") or ""), int(spec.get("leaseTransitions") or 0)
+
+
+async def test_a_second_replica_takes_over_the_controller_when_the_leader_is_killed(
+    root: Path,
+) -> None:
+    """Two `kube serve` replicas: one leads (its controller releases leases), the other
+    serves its extender only; the leader SIGKILLed, the other takes the Lease within the
+    lease duration and its controller settles a pod deleted meanwhile."""
+    async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
+        assert scheduler is not None and c.side_process is not None
+        first = c.side_process
+        await eventually(lambda: lease_holder(c)[0] != "")
+        leader = lease_holder(c)[0]
+        second = c.spawn_cluster_side(name="replica-2")
+        c.side_process = first  # the cluster's teardown kills the first; this test the second
+        try:
+            await wait_healthy(c.extender_url, second)
+            second_url = c.extender_url
+            await c.api_server_create(gpu_pod("survivor", memory="3Gi", threads="20"))
+            await eventually(lambda: running(c, "team-a", "survivor"), 60)
+            assert lease_holder(c) == (leader, 0)  # the second did not take it
+            assert "leads" not in (root / "replica-2.log").read_text()
+
+            first.kill()
+            first.wait(timeout=30)
+            scheduler.extender_url = second_url
+            c.api_server.delete_pod("team-a", "survivor")  # its finalizer waits for a leader
+            await eventually(lambda: c.api_server.pod("team-a", "survivor") is None, 60)
+            assert await live_leases(c) == []
+            taken_by, transitions = lease_holder(c)
+            assert taken_by not in ("", leader) and transitions == 1
+            assert f"{taken_by} leads" in (root / "replica-2.log").read_text()
+
+            await c.api_server_create(gpu_pod("after", memory="3Gi", threads="20"))
+            await eventually(lambda: running(c, "team-a", "after"), 60)
+            second.terminate()  # a clean stop hands the Lease back (to this loop's API server)
+            assert await asyncio.to_thread(second.wait, 30) == 0
+            assert lease_holder(c) == ("", 1), (root / "replica-2.log").read_text()[-3000:]
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait(timeout=30)
+        assert "Traceback" not in (root / "replica-2.log").read_text()

@@ -45,7 +45,7 @@ async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
 def test_it_has_every_method_of_the_port_with_its_signature() -> None:
     adapter: KubeApi = RestKubeApi.from_url("http://127.0.0.1:1")  # no I/O, no loop needed
     methods = [n for n in vars(KubeApi) if not n.startswith("_") and callable(vars(KubeApi)[n])]
-    assert len(methods) == 11
+    assert len(methods) == 14
     for name in methods:
         port, ours = (
             inspect.signature(getattr(KubeApi, name)),
