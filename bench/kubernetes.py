@@ -33,6 +33,10 @@ Measured in the same run:
 - ``overcommit``: samples (every agent's ``GetNode`` every ``--sample-s``) in which a
   device's committed memory plus context overhead and reserve passed its memory, its thread
   percentages passed the thread budget, or its leases the client limit;
+- ``cpu_ms_per_pod``: CPU (user + system) from the first create to the last pod gone, per
+  pod created, by part (``agents``, ``cluster_side``, ``scheduler``, ``harness``: this
+  process with its stand-ins, and the parts run inline) and in ``all``; ``cores_busy``:
+  that CPU over the same time (the machine's cores bound the rate when it nears them);
 - ``lost``: pods never bound within ``--bind-deadline-s`` (every pod fits an empty
   device), bound but never Running, whose lease was still live at the end, or still in the
   API server at the end (the finalizer never removed).
@@ -76,6 +80,7 @@ sys.path.insert(0, str(REPO))
 from agent.admission.policy import Rules  # noqa: E402
 from agent.client import AgentClient, Priority  # noqa: E402
 from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
+from bench.cpu import cpu_by_part, ms_per  # noqa: E402
 from bench.kube_scheduler_proc import RemoteScheduler  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
 from tests.kube.apiserver import ApiError, Obj  # noqa: E402
@@ -222,6 +227,7 @@ class Run:
     finished: int = 0
     first_create: float = 0.0
     last_bind: float = 0.0
+    cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)  # by part, and "all"
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     rules: Rules = field(default_factory=Rules)
@@ -486,9 +492,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             asyncio.create_task(bench.progress(), name="progress"),
         ]
         try:
+            cpu_before = cpu_by_part(part_of)
             await bench.creator(spawn)
             await asyncio.gather(*tasks)
             done_at = time.monotonic()
+            bench.cpu_ms_per_pod = ms_per(cpu_before, cpu_by_part(part_of), args.pods)
             bench.stop.set()  # the probe's own leases end with it
             await asyncio.gather(*beside[1:3], return_exceptions=True)  # probe, sampler
             options = cluster.options()  # the same intervals in both kinds of cluster side
@@ -504,6 +512,17 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             for client in bench.clients.values():
                 await client.__aexit__(None, None, None)
     return summarize(bench, units, leases, left, done_at, load_before)
+
+
+def part_of(command: list[str]) -> str:
+    """The benchmark's part a child process is, by its command line."""
+    if "kube" in command and "serve" in command:
+        return "cluster_side"
+    if "serve" in command:
+        return "agents"
+    if any(word.endswith("kube_scheduler_proc.py") for word in command):
+        return "scheduler"
+    return "other"
 
 
 def summarize(
@@ -526,6 +545,7 @@ def summarize(
     partial = [u for u in gangs if 0 < sum(p.bound.is_set() for p in u) < len(u)]
     bound = sum(p.bound.is_set() for p in plans)
     span = max(bench.last_bind - bench.first_create, 1e-9)
+    cpu_s_all = bench.cpu_ms_per_pod.get("all", 0.0) * len(plans) / 1e3
     scheduler = bench.scheduler
     result: dict[str, Any] = {
         "nodes": bench.args.nodes,
@@ -556,6 +576,9 @@ def summarize(
         "overcommit": len(bench.overcommit),
         "lost": len(lost),
         "lost_why": dict(Counter(p.outcome for p in lost)),
+        # from the first create to the last pod gone; inline parts count as the harness
+        "cpu_ms_per_pod": bench.cpu_ms_per_pod,
+        "cores_busy": round(cpu_s_all / (done_at - bench.first_create), 2),
     }
     result["targets"] = {
         "correct": all(

@@ -47,3 +47,8 @@ def test_the_small_kubernetes_run_binds_every_pod_and_leaks_nothing(extra: tuple
     else:
         assert result["mismatches_refused"] == 0, result
     assert result["lost"] == 0, result
+    cpu = result["cpu_ms_per_pod"]
+    assert {"agents", "cluster_side", "harness", "all"} <= set(cpu), cpu
+    assert cpu["agents"] > 0 and cpu["cluster_side"] > 0, cpu  # every part was counted
+    assert cpu["all"] >= cpu["agents"] + cpu["cluster_side"] + cpu["harness"] - 0.2, cpu
+    assert result["cores_busy"] > 0, result
