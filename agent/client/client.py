@@ -46,24 +46,32 @@ def read_token_file(path: str) -> str:
 class TokenFile:
     """A bearer token file read again whenever it changes (a stat per call: a mounted
     Secret is swapped by a new link, a file by ``mv``), for a long-lived client that must
-    follow a rotation at its next call. A file that cannot be read then keeps the last
-    token read; the first read must succeed."""
+    follow a rotation at its next call. A file that cannot be read, or reads empty (caught
+    half written), keeps the last token read; the first read must succeed."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp = self._stat()
-        self._token = read_token_file(path)
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = ""
+        self._read_if_changed()
+        if not self._token:
+            raise ValueError(f"token file {path} is empty")
 
-    def _stat(self) -> tuple[int, int, int]:
-        found = os.stat(self.path)
-        return found.st_ino, found.st_mtime_ns, found.st_size
+    def _read_if_changed(self) -> None:
+        """Stat and read the same open file, so the token and its stamp agree."""
+        with open(self.path, "rb") as file:
+            found = os.fstat(file.fileno())
+            stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
+            if stamp == self._stamp:
+                return
+            token = file.read().decode().strip()
+        if token:
+            self._token, self._stamp = token, stamp
 
     def __call__(self) -> str:
         try:
-            stamp = self._stat()
-            if stamp != self._stamp:
-                self._token, self._stamp = read_token_file(self.path), stamp
-        except OSError as exc:
+            self._read_if_changed()
+        except (OSError, ValueError) as exc:  # ValueError: not UTF-8
             log.warning("token file %s not read again (the last token kept): %s", self.path, exc)
         return self._token
 

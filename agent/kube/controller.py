@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 
 import grpc
 
 from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
 from agent.kube.cache import AgentCache
-from agent.kube.leaseless import LeaselessPods, evicted_event, placement
+from agent.kube.leaseless import LeaselessPods, evicted_event, orphaned, placement
 from agent.kube.port import (
     Conflict,
     Gone,
@@ -77,30 +77,51 @@ class LeaseController:
         # event came is found by its own update
         self._evicted: dict[str, tuple[str, str, str]] = {}
         self._leaseless = LeaselessPods(grace_s)  # evictions missed (kube serve was down)
+        self._synced = asyncio.Event()  # the first list is in the view
+        self.acting = False  # while act() runs (the leader): handle() and events may write
         cache.listeners.append(self._agent_event)
 
     async def run(self) -> None:
-        """List, handle, watch; a watch that expires (410) lists again. Reconciles every
-        ``reconcile_interval_s`` beside it."""
-        reconciling = asyncio.create_task(self._reconcile_forever(), name="lease-reconcile")
-        delay_s = RETRY_FIRST_S
+        """Follow the pods and act on them (one replica, or leader election off)."""
+        parts = [asyncio.create_task(self.follow()), asyncio.create_task(self.act())]
         try:
-            while True:
-                try:
-                    await self._follow_pods()
-                    delay_s = RETRY_FIRST_S
-                except Gone:
-                    log.info("pod watch expired (410): listing again")
-                except KubeError as exc:  # unreachable, 5xx, 429: the same again, later
-                    log.warning("pods: %s; listing again in %.1f s", exc, delay_s)
-                    await asyncio.sleep(delay_s)
-                    delay_s = min(delay_s * 2, RETRY_MAX_S)
+            await asyncio.gather(*parts)
         finally:
-            tasks = [reconciling, *self._tasks]
+            for part in parts:
+                part.cancel()
+            await asyncio.gather(*parts, return_exceptions=True)
+
+    async def follow(self) -> None:
+        """List, handle, watch; a watch that expires (410) lists again. Every replica
+        follows (the extender's binds read the pods here); only :meth:`act` writes."""
+        delay_s = RETRY_FIRST_S
+        while True:
+            try:
+                await self._follow_pods()
+                delay_s = RETRY_FIRST_S
+            except Gone:
+                log.info("pod watch expired (410): listing again")
+            except KubeError as exc:  # unreachable, 5xx, 429: the same again, later
+                log.warning("pods: %s; listing again in %.1f s", exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+    async def act(self) -> None:
+        """Settle ended pods, delete evicted ones and reconcile, from the first full view
+        on, until cancelled (a lost leadership): then nothing more is started."""
+        await self._synced.wait()
+        self.acting = True
+        try:
+            for pod in list(self.pods.values()):  # what ended while nobody acted
+                await self.handle(pod)
+            await self._reconcile_forever()
+        finally:
+            self.acting = False
+            tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self.pods.clear()  # stopped (a lost leadership): nothing decided on an old view
+            self._leaseless = LeaselessPods(self._grace_s)  # judged afresh next term
 
     async def _follow_pods(self) -> None:
         """List, then watch until the stream ends (a watch times out: list again)."""
@@ -123,7 +144,7 @@ class LeaseController:
         self._evicted[event.lease_id] = (node, uid, event.message)
         while len(self._evicted) > EVICTED_KEPT:
             del self._evicted[next(iter(self._evicted))]
-        for pod in list(self.pods.values()):
+        for pod in list(self.pods.values()) if self.acting else ():
             self._check_evicted(pod)
 
     def _check_evicted(self, pod: Obj) -> None:
@@ -172,7 +193,10 @@ class LeaseController:
         log.error("%s after %d tries", what, SETTLE_TRIES)
         return False
 
-    def _spawn(self, work: Awaitable[None], name: str) -> None:
+    def _spawn(self, work: Coroutine[object, object, None], name: str) -> None:
+        if not self.acting:  # stopped meanwhile: a newer leader does it
+            work.close()
+            return
         task = asyncio.ensure_future(work)
         task.set_name(name)
         self._tasks.add(task)
@@ -187,6 +211,7 @@ class LeaseController:
         self.pods = {p["metadata"]["uid"]: p for p in listing.items}
         for pod in listing.items:
             await self.handle(pod)
+        self._synced.set()
         return listing.resource_version
 
     async def handle(self, pod: Obj, *, deleted: bool = False) -> None:
@@ -197,9 +222,12 @@ class LeaseController:
         if deleted:
             self.pods.pop(uid, None)
             self._cache.forget_assumed(uid)
-            self._settle(pod, deleted=True)  # gone without our finalizer: still give it back
+            if self.acting:  # gone without our finalizer: still give it back
+                self._settle(pod, deleted=True)
             return
         self.pods[uid] = pod
+        if not self.acting:
+            return
         if ended(pod) and holds_finalizer(pod):
             self._settle(pod, deleted=False)
         elif self._evicted:
@@ -320,10 +348,11 @@ class LeaseController:
         for node, entry in list(self._cache.nodes.items()):
             for lease in entry.snapshot.leases if entry.snapshot is not None else ():
                 young = now - lease.created_at <= self._grace_s
-                if not lease.pod or lease.state == "reserved" or young:
+                settling = pod_uid_of(lease.request_id) in self._settling  # released there
+                if not lease.pod or lease.state == "reserved" or young or settling:
                     continue
                 key = (lease.pod, pod_uid_of(lease.request_id))
-                why = _orphaned(lease, node, placed.get(key))
+                why = orphaned(lease, node, placed.get(key))
                 if why and key not in placed and not self._ended_in_view(key[1]):
                     why = await self._confirmed_orphaned(lease, node, key)
                 if why:
@@ -355,23 +384,7 @@ class LeaseController:
             return ""
         if _key(pod) != key or ended(pod):
             return "is gone or ended"
-        return _orphaned(lease, node, placement(pod))
-
-
-def _orphaned(lease: pb.Lease, node: str, placement: tuple[str, str] | None) -> str:
-    """Why this pod lease on ``node`` is no longer its pod's, or "" if it still is. The
-    pod's lease annotation only chooses among the pod's own leases (a user who points it
-    at another pod's lease changes nothing for that lease)."""
-    if placement is None:
-        return "is gone or ended"
-    where, bound_with = placement
-    if where == "":
-        return ""  # a bind died half way: the pod's retry takes this lease back
-    if where != node:
-        return f"is bound to {where}"
-    if bound_with and bound_with != lease.lease_id:
-        return f"was bound with lease {bound_with}"
-    return ""
+        return orphaned(lease, node, placement(pod))
 
 
 def _key(pod: Obj) -> tuple[str, str]:

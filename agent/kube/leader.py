@@ -20,9 +20,10 @@ run in every replica.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 import os
+import random
 import secrets
 import socket
 import time
@@ -91,6 +92,12 @@ def default_identity() -> str:
     return f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{secrets.token_hex(4)}"
 
 
+def written_duration_s(lease_duration_s: float) -> int:
+    """The Lease's ``leaseDurationSeconds`` (whole seconds, at least 1): rounded up, so
+    the others never wait less than this process counts on."""
+    return max(1, math.ceil(lease_duration_s))
+
+
 def micro_time(at_s: float) -> str:
     """Kubernetes' MicroTime: RFC 3339 with microseconds, in UTC."""
     return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -130,51 +137,63 @@ class LeaderElector:
         decided = verdict(record, self.identity, unchanged_for_s=unchanged_s)
         if decided == "wait":
             return False
-        body = self._body(record, taking=decided != "renew")
         try:
-            if record is None:
-                await self._api.create_lease(options.namespace, body)
-            else:
-                body["metadata"]["resourceVersion"] = record.version
-                await self._api.replace_lease(options.namespace, options.name, body)
+            if lease is None or record is None:
+                await self._api.create_lease(options.namespace, self._written({}, None))
+            else:  # the object read, its resourceVersion the condition of the write
+                await self._api.replace_lease(
+                    options.namespace, options.name, self._written(lease, record)
+                )
         except Conflict:  # another candidate wrote first (or the Lease was just created)
             return False
         return True
 
-    def _body(self, record: Record | None, *, taking: bool) -> Obj:
+    def _written(self, lease: Obj, record: Record | None) -> Obj:
+        """``lease`` (as read: its labels and the rest kept) held by this process now."""
         now = micro_time(self._wall())
+        taking = record is None or record.holder != self.identity
         if taking or not self._acquired_at:
             self._acquired_at = now
         transitions = record.transitions if record is not None else 0
-        if taking and record is not None and record.holder:
-            transitions += 1
+        if record is not None and taking:
+            transitions += 1  # the holder changes (from none too), as client-go counts
+        metadata = {
+            **(lease.get("metadata") or {}),
+            "name": self.options.name,
+            "namespace": self.options.namespace,
+        }
+        spec = {
+            **(lease.get("spec") or {}),
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": written_duration_s(self.options.lease_duration_s),
+            "acquireTime": self._acquired_at,
+            "renewTime": now,
+            "leaseTransitions": transitions,
+        }
         return {
+            **lease,
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.options.name, "namespace": self.options.namespace},
-            "spec": {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": round(self.options.lease_duration_s),
-                "acquireTime": self._acquired_at,
-                "renewTime": now,
-                "leaseTransitions": transitions,
-            },
+            "metadata": metadata,
+            "spec": spec,
         }
 
     async def run(self, work: Callable[[], Coroutine[object, object, None]]) -> None:
         """For ever: win the Lease, run ``work`` while holding it, stop it when the Lease
-        is lost, and campaign again. A stop (cancellation) or a failure of ``work`` (raised
-        here) stops the work first, then releases the Lease."""
+        is lost, and campaign again. A stop (cancellation) or a failure (of ``work`` or of
+        the renewals: raised here) stops the work first, then releases the Lease."""
         while True:
-            await self._acquire()
+            renewed_at = await self._acquire()
             self.leading = True
             log.info("leader election: %s leads (Lease %s/%s)", self.identity, *self._where())
             doing = asyncio.create_task(work(), name="leader-work")
-            keeping = asyncio.create_task(self._keep(), name="leader-renew")
-            lost = False
+            keeping = asyncio.create_task(self._keep(renewed_at), name="leader-renew")
+            lost, failed = False, None
             try:
                 await asyncio.wait({doing, keeping}, return_when=asyncio.FIRST_COMPLETED)
-                lost = not doing.done()
+                ended = doing if doing.done() else keeping
+                failed = ended.exception()
+                lost = ended is keeping and failed is None
             finally:
                 self.leading = False
                 for task in (doing, keeping):
@@ -182,37 +201,52 @@ class LeaderElector:
                 await asyncio.gather(doing, keeping, return_exceptions=True)
                 if not lost:
                     await self._release()
+            if failed is not None:
+                raise failed
             if not lost:
-                doing.result()  # its failure is the process's
                 raise RuntimeError("the leader's work ended")
             log.warning("leader election: %s lost the Lease; its work stopped", self.identity)
 
     def _where(self) -> tuple[str, str]:
         return self.options.namespace, self.options.name
 
-    async def _acquire(self) -> None:
+    async def _acquire(self) -> float:
+        """Campaign until this process holds the Lease; when the winning write was sent
+        (the term counts from then). Each new reason a try failed is logged once."""
+        options, said = self.options, ""
         while True:
-            with contextlib.suppress(KubeError, TimeoutError):
-                async with asyncio.timeout(self.options.renew_deadline_s):
+            sent_at = self._clock()
+            try:
+                async with asyncio.timeout(options.renew_deadline_s):
                     if await self.try_once():
-                        return
-            await asyncio.sleep(self.options.retry_period_s)
+                        return sent_at
+            except (KubeError, TimeoutError) as exc:
+                why = str(exc) or type(exc).__name__
+                if why != said:
+                    log.warning(
+                        "leader election: cannot take the Lease %s/%s: %s", *self._where(), why
+                    )
+                    said = why
+            # jittered, as client-go's: candidates that started together spread out
+            await asyncio.sleep(options.retry_period_s * random.uniform(1.0, 1.2))
 
-    async def _keep(self) -> None:
-        """Renew until a renewal shows another holder or none succeeded for the deadline."""
+    async def _keep(self, renewed_at: float) -> None:
+        """Renew until a renewal shows another holder, or none succeeded within the
+        deadline of the last good one (counted from when it was sent)."""
         options = self.options
-        renewed_at = self._clock()
         while True:
-            await asyncio.sleep(options.retry_period_s)
+            left_s = renewed_at + options.renew_deadline_s - self._clock()
+            await asyncio.sleep(min(options.retry_period_s, max(left_s, 0.0)))
             sent_at = self._clock()
             left_s = renewed_at + options.renew_deadline_s - sent_at
             if left_s <= 0:
+                log.warning("leader election: no renewal for %.1f s", options.renew_deadline_s)
                 return
             try:
                 async with asyncio.timeout(left_s):
                     held = await self.try_once()
             except (KubeError, TimeoutError) as exc:
-                log.warning("leader election: renewal failed: %s", exc)
+                log.warning("leader election: renewal failed: %s", str(exc) or repr(exc))
                 continue
             if not held:
                 return
@@ -222,7 +256,7 @@ class LeaderElector:
         """Leave the Lease without a holder (best effort, briefly): the next candidate
         takes it at its next read."""
         try:
-            async with asyncio.timeout(self.options.retry_period_s):
+            async with asyncio.timeout(self.options.renew_deadline_s):
                 lease = await self._api.get_lease(*self._where())
                 if record_of(lease).holder != self.identity:
                     return
@@ -233,4 +267,4 @@ class LeaderElector:
                 await self._api.replace_lease(*self._where(), {**lease, "spec": spec})
             log.info("leader election: %s released the Lease", self.identity)
         except (KubeError, TimeoutError) as exc:
-            log.warning("leader election: the Lease was not released: %s", exc)
+            log.warning("leader election: the Lease was not released: %s", str(exc) or repr(exc))

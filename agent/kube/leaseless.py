@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import SCHEDULER_NAME
 from agent.kube.cache import NodeEntry
 from agent.kube.port import Obj, annotations_of, ended
@@ -107,3 +108,19 @@ def evicted_event(pod: Obj, message: str) -> Obj:
         "type": "Warning",
         "source": {"component": SCHEDULER_NAME},
     }
+
+
+def orphaned(lease: pb.Lease, node: str, where_bound: tuple[str, str] | None) -> str:
+    """Why this pod lease on ``node`` is no longer its pod's, or "" if it still is. The
+    pod's lease annotation only chooses among the pod's own leases (a user who points it
+    at another pod's lease changes nothing for that lease)."""
+    if where_bound is None:
+        return "is gone or ended"
+    where, bound_with = where_bound
+    if where == "":
+        return ""  # a bind died half way: the pod's retry takes this lease back
+    if where != node:
+        return f"is bound to {where}"
+    if bound_with and bound_with != lease.lease_id:
+        return f"was bound with lease {bound_with}"
+    return ""

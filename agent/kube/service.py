@@ -18,6 +18,7 @@ from aiohttp import web
 
 from agent.admission.policy import Rules
 from agent.client import AgentClient, TokenFile, tls_credentials
+from agent.core.errors import ConfigError
 from agent.kube.agents import AgentLink, Connect, targets_from_slices
 from agent.kube.binder import Binder, BindOptions
 from agent.kube.cache import AgentCache
@@ -63,7 +64,7 @@ def connector(options: ClusterOptions) -> Connect:
     TLS files at each connection. Files that cannot be read then leave the last ones read
     in use."""
     known = _AgentSecrets(options)
-    token = TokenFile(options.agent_token_file) if options.agent_token_file else None
+    token = _token_file(options.agent_token_file) if options.agent_token_file else None
 
     def connect(target: str) -> contextlib.AbstractAsyncContextManager[AgentLink]:
         return AgentClient(
@@ -75,6 +76,13 @@ def connector(options: ClusterOptions) -> Connect:
         )
 
     return connect
+
+
+def _token_file(path: str) -> TokenFile:
+    try:
+        return TokenFile(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("--agent-token-file", str(exc)) from exc
 
 
 class _AgentSecrets:
@@ -172,9 +180,10 @@ class ClusterSide:
             self._tasks.append(
                 asyncio.create_task(reload_certificate(tls), name="webhook-certificate")
             )
-        self._tasks.append(
-            asyncio.create_task(discover(self.api, self.cache, options), name="agent-discovery")
-        )
+        self._tasks += [
+            asyncio.create_task(discover(self.api, self.cache, options), name="agent-discovery"),
+            asyncio.create_task(self.controller.follow(), name="pod-informer"),
+        ]
         if options.leader is None:
             self._tasks.append(asyncio.create_task(self._write_side(), name="write-side"))
         else:
@@ -184,10 +193,11 @@ class ClusterSide:
             )
 
     async def _write_side(self) -> None:
-        """The parts that write to the cluster: one replica's at a time."""
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self.controller.run(), name="lease-controller")
-            group.create_task(
+        """The parts that write to the cluster: one replica's at a time. A failure of one
+        ends both and is raised as it is."""
+        parts = [
+            asyncio.create_task(self.controller.act(), name="lease-controller"),
+            asyncio.create_task(
                 publish_node_states(
                     self.api,
                     self.cache,
@@ -195,7 +205,16 @@ class ClusterSide:
                     interval_s=self.options.node_state_interval_s,
                 ),
                 name="node-state",
-            )
+            ),
+        ]
+        try:
+            done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_EXCEPTION)
+            for part in done:
+                part.result()
+        finally:
+            for part in parts:
+                part.cancel()
+            await asyncio.gather(*parts, return_exceptions=True)
 
     async def wait(self) -> None:
         """Until a task fails (its exception is raised) or :meth:`aclose`."""

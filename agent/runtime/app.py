@@ -88,6 +88,8 @@ class App:
             state_dir=settings.paths.state_dir,
             mps_root=settings.mps_root_dir,
         )
+        # before the files are read: a change from here on is seen by the first check
+        self._secret_stamps = listeners.stamps(listeners.secret_files(settings.api))
         self.servers = self._grpc_servers(settings)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(
@@ -377,8 +379,10 @@ class App:
         api = self.settings.api
         paths = listeners.secret_files(api)
         if paths and api.tcp_listen and api.secrets_check_s > 0:
-            watch = listeners.reload_on_change(paths, self.servers, api.secrets_check_s)
-            self.supervisor.spawn("secret-files", watch)
+            watch = listeners.reload_on_change(
+                paths, self.servers, api.secrets_check_s, seen=self._secret_stamps
+            )
+            self.supervisor.spawn("secret-files", watch, core=False)
 
     def _on_reload(self) -> None:
         log.info("received SIGHUP: reloading the token and certificates")

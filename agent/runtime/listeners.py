@@ -67,12 +67,17 @@ def secret_files(api: ApiSettings) -> list[str]:
 
 
 async def reload_on_change(
-    paths: Sequence[str], servers: Sequence[GrpcServer], interval_s: float
+    paths: Sequence[str],
+    servers: Sequence[GrpcServer],
+    interval_s: float,
+    *,
+    seen: tuple[Stamp, ...] | None = None,
 ) -> None:
-    """Reload the secrets when any of ``paths`` changed since the last look, as SIGHUP
-    does. A change caught half way (a key without its certificate yet) keeps the previous
-    material and is tried again at the next look."""
-    seen = stamps(paths)
+    """Reload the secrets when any of ``paths`` changed since ``seen`` (their stamps when
+    they were read; default: now), then since the last look, as SIGHUP does. A change
+    caught half way (a key without its certificate yet) keeps the previous material and
+    is tried again at the next look."""
+    seen = stamps(paths) if seen is None else seen
     while True:
         await asyncio.sleep(interval_s)
         now = stamps(paths)

@@ -328,9 +328,9 @@ class LoopbackCluster:
             # the inline cluster side's options (node state keeps its default interval)
             *_flags(self.options()),
             # a replica killed hands over within seconds, not 15
-            *("--leader-elect-lease-duration-s", "3"),
-            *("--leader-elect-renew-deadline-s", "2"),
-            *("--leader-elect-retry-period-s", "0.25"),
+            *("--leader-elect-lease-duration-s", "6"),
+            *("--leader-elect-renew-deadline-s", "4"),
+            *("--leader-elect-retry-period-s", "0.5"),
         )
         with open(self.root / f"{name}.log", "ab") as log:
             self.side_process = subprocess.Popen(

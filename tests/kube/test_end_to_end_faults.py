@@ -198,8 +198,9 @@ async def test_a_second_replica_takes_over_the_controller_when_the_leader_is_kil
     root: Path,
 ) -> None:
     """Two `kube serve` replicas: one leads (its controller releases leases), the other
-    serves its extender only; the leader SIGKILLed, the other takes the Lease within the
-    lease duration and its controller settles a pod deleted meanwhile."""
+    binds (kube-scheduler's own leader may sit beside either) but writes nothing else; the
+    leader SIGKILLed, the other takes the Lease within the lease duration and its
+    controller settles a pod deleted meanwhile."""
     async with loopback_cluster(root, nodes=2, cluster_side="process") as (c, scheduler):
         assert scheduler is not None and c.side_process is not None
         first = c.side_process
@@ -209,7 +210,7 @@ async def test_a_second_replica_takes_over_the_controller_when_the_leader_is_kil
         c.side_process = first  # the cluster's teardown kills the first; this test the second
         try:
             await wait_healthy(c.extender_url, second)
-            second_url = c.extender_url
+            scheduler.extender_url = c.extender_url  # binds through the replica not leading
             await c.api_server_create(gpu_pod("survivor", memory="3Gi", threads="20"))
             await eventually(lambda: running(c, "team-a", "survivor"), 60)
             assert lease_holder(c) == (leader, 0)  # the second did not take it
@@ -217,7 +218,6 @@ async def test_a_second_replica_takes_over_the_controller_when_the_leader_is_kil
 
             first.kill()
             first.wait(timeout=30)
-            scheduler.extender_url = second_url
             c.api_server.delete_pod("team-a", "survivor")  # its finalizer waits for a leader
             await eventually(lambda: c.api_server.pod("team-a", "survivor") is None, 60)
             assert await live_leases(c) == []

@@ -200,3 +200,37 @@ def _fast() -> dict[str, float]:
         "renew_deadline_s": FAST.renew_deadline_s,
         "retry_period_s": FAST.retry_period_s,
     }
+
+
+async def test_a_renewal_keeps_the_lease_object_and_a_new_holder_counts_a_transition(
+    api: tuple[FakeApiServer, RestKubeApi],
+) -> None:
+    server, kube = api
+    a = LeaderElector(kube, LeaderOptions(identity="a", lease_duration_s=10.4))
+    assert await a.try_once()
+    stored = server.objects["leases"][("gpushare-system", "gpushare-kube-serve")]
+    stored["metadata"]["labels"] = {"team": "platform"}  # set by someone else
+    assert await a.try_once()
+    assert stored is not server.objects["leases"][("gpushare-system", "gpushare-kube-serve")]
+    renewed = server.objects["leases"][("gpushare-system", "gpushare-kube-serve")]
+    assert renewed["metadata"]["labels"] == {"team": "platform"}
+    assert renewed["spec"]["leaseDurationSeconds"] == 11  # rounded up: never shorter
+    assert renewed["spec"]["leaseTransitions"] == 0
+    await a._release()
+    b = LeaderElector(kube, LeaderOptions(identity="b"))
+    assert await b.try_once()  # a released Lease: taken at once, a new holder
+    assert holder(server)["leaseTransitions"] == 1
+
+
+async def test_why_the_lease_cannot_be_taken_is_logged_once(
+    api: tuple[FakeApiServer, RestKubeApi], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, kube = api
+    server.fail_next("GET", LEASE_PATH, 403, message="leases is forbidden", times=1000)
+    a = LeaderElector(kube, LeaderOptions(identity="a", **_fast()))
+    trying = asyncio.create_task(a.run(asyncio.Event().wait))
+    await asyncio.sleep(0.5)  # several tries
+    trying.cancel()
+    await asyncio.gather(trying, return_exceptions=True)
+    said = [r.getMessage() for r in caplog.records if "cannot take the Lease" in r.getMessage()]
+    assert len(said) == 1 and "forbidden" in said[0], said

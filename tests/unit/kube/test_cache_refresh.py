@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
+from agent.client import TokenFile
 from agent.kube import cache as cache_module
 from agent.kube.cache import AgentCache, NodeEntry
 from agent.kube.service import ClusterOptions, connector
@@ -98,3 +99,18 @@ def test_each_call_reads_the_agents_token_again_once_it_changed(tmp_path: Path) 
     assert connect("127.0.0.1:2")._metadata() == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
     token.unlink()  # mid-rotation: the last one read is kept
     assert client._metadata() == (("authorization", "Bearer second"),)  # type: ignore[attr-defined]
+
+
+def test_a_token_file_caught_empty_keeps_the_last_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    source = TokenFile(str(token))
+    token.write_text("")  # a rewrite in place, caught half way
+    assert source() == "first"
+    token.write_bytes(b"\xff\xfe")  # not text: the last token, a warning
+    assert source() == "first"
+    token.write_text("second\n")
+    assert source() == "second"
+    token.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        TokenFile(str(token))

@@ -107,7 +107,9 @@ class Cache:
 
 
 def controller(api: Api, cache: Cache) -> LeaseController:
-    return LeaseController(api, cache, grace_s=60, clock=lambda: NOW)  # type: ignore[arg-type]
+    made = LeaseController(api, cache, grace_s=60, clock=lambda: NOW)  # type: ignore[arg-type]
+    made.acting = True  # as while act() runs (the leader's): handle() settles
+    return made
 
 
 @pytest.mark.parametrize(
@@ -261,3 +263,30 @@ async def _until(predicate: Any, timeout_s: float = 2.0) -> None:
 
 def _rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
+
+
+async def test_a_replica_not_leading_follows_the_pods_and_writes_nothing() -> None:
+    """Every replica keeps the pods in view (its extender's binds read them there); only
+    while act() runs (the leader's) are ended pods settled, the ones that ended before
+    first."""
+    ended = pod("p", node=NODE, lease="L-p", phase="Succeeded")
+    api = Api(ended)
+    cache = Cache(lease("p"))
+    following = LeaseController(api, cache, grace_s=60, clock=lambda: NOW)  # type: ignore[arg-type]
+    forgotten: list[str] = []
+    cache.forget_assumed = forgotten.append  # type: ignore[method-assign]
+    await following.handle(ended)
+    await following.handle(pod("gone"), deleted=True)
+    assert following.pod("uid-p") is ended and forgotten == ["uid-gone"]
+    await asyncio.sleep(0.05)
+    assert cache.the_link.released == [] and api.patches == [] and not following._tasks
+
+    following._synced.set()  # (follow() sets it after its first list)
+    acting = asyncio.create_task(following.act())
+    await _until(lambda: api.patches == ["p"])
+    assert cache.the_link.released == ["L-p"]
+    acting.cancel()  # leadership lost
+    await asyncio.gather(acting, return_exceptions=True)
+    assert not following.acting
+    await following.handle(pod("q", node=NODE, phase="Failed"))
+    assert api.patches == ["p"] and not following._tasks

@@ -110,6 +110,7 @@ async def test_the_reconcile_deletes_such_a_pod_with_an_event() -> None:
     api, cache = Api(), Cache()
     now = [NOW]
     leases = LeaseController(api, cache, grace_s=60, clock=lambda: now[0])  # type: ignore[arg-type]
+    leases.acting = True  # as while act() runs
     cache.nodes[NODE].link = object()  # type: ignore[assignment]
     await leases.handle(waiting(pod("p", node=NODE, lease="L-p", phase="Running")))
     await leases.reconcile()  # its lease is not in the agent's answer
