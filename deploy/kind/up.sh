@@ -195,8 +195,11 @@ k apply -f "$HERE/example-pod.yaml"
 if ! k -n "$DEMO_NAMESPACE" wait --for=condition=Ready "pod/$DEMO_POD" --timeout=180s; then
     echo "the pod is not running; what the parts say:" >&2
     k -n "$DEMO_NAMESPACE" describe pod "$DEMO_POD" >&2 || true
-    k -n "$NAMESPACE" logs deployment/gpushare-scheduler -c gpushare --tail=50 >&2 || true
-    k -n "$NAMESPACE" logs deployment/gpushare-scheduler -c kube-scheduler --tail=50 >&2 || true
+    # both replicas: each part acts in the holder of its Lease
+    k -n "$NAMESPACE" logs -l app.kubernetes.io/name=gpushare-scheduler -c gpushare \
+        --prefix --tail=50 >&2 || true
+    k -n "$NAMESPACE" logs -l app.kubernetes.io/name=gpushare-scheduler -c kube-scheduler \
+        --prefix --tail=50 >&2 || true
     die "the example pod did not start"
 fi
 node=$(k -n "$DEMO_NAMESPACE" get pod "$DEMO_POD" -o jsonpath='{.spec.nodeName}')
