@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.kube.leader import LeaderElector, LeaderOptions, Record, verdict
 from agent.kube.rest import RestKubeApi
@@ -234,3 +236,63 @@ async def test_why_the_lease_cannot_be_taken_is_logged_once(
     await asyncio.gather(trying, return_exceptions=True)
     said = [r.getMessage() for r in caplog.records if "cannot take the Lease" in r.getMessage()]
     assert len(said) == 1 and "forbidden" in said[0], said
+
+
+# -- explored: three candidates, any order of reads, writes, stops and waits ---------------
+
+Step = tuple[str, int, float]  # ("try" | "release" | "wait", candidate, seconds)
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("try"), st.integers(0, 2), st.just(0.0)),
+        st.tuples(st.just("release"), st.integers(0, 2), st.just(0.0)),
+        st.tuples(st.just("wait"), st.just(0), st.floats(0.0, 20.0)),
+    ),
+    max_size=40,
+)
+
+
+async def explore(steps: list[Step]) -> None:
+    """The protocol's promise, checked after every step: a candidate takes a Lease held by
+    another only once that holder's last write is at least the duration old (so a holder
+    that stops at its renew deadline, shorter, never overlaps the next); a candidate
+    told it holds the Lease is its holder in the store; a stopped holder's Lease is free."""
+    now = [0.0]
+    async with FakeApiServer() as server:
+        kube = RestKubeApi.from_url(server.url)
+        try:
+            electors = [
+                LeaderElector(kube, LeaderOptions(identity=f"c{i}"), clock=lambda: now[0])
+                for i in range(3)
+            ]
+            last_write: dict[str, float] = {}  # holder -> when its last write went
+            for action, index, seconds in steps:
+                me = electors[index]
+                before = _holder_or_none(server)
+                if action == "wait":
+                    now[0] += seconds
+                elif action == "release":
+                    await me._release()
+                    if before == me.identity:
+                        assert _holder_or_none(server) == ""
+                        last_write.pop(me.identity, None)
+                elif await me.try_once():
+                    assert _holder_or_none(server) == me.identity
+                    if before not in (None, "", me.identity):
+                        held_for = now[0] - last_write[before]
+                        assert held_for >= 15.0, f"{me.identity} took {before}'s after {held_for}"
+                    last_write[me.identity] = now[0]
+                else:
+                    assert _holder_or_none(server) != me.identity or before != me.identity
+        finally:
+            await kube.aclose()
+
+
+def _holder_or_none(server: FakeApiServer) -> str | None:
+    stored = server.objects["leases"].get(("gpushare-system", "gpushare-kube-serve"))
+    return None if stored is None else str(stored["spec"].get("holderIdentity") or "")
+
+
+@settings(max_examples=40, deadline=None)
+@given(STEPS)
+def test_no_candidate_takes_a_lease_its_holder_may_still_use(steps: list[Step]) -> None:
+    asyncio.run(explore(steps))
