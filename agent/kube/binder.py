@@ -111,7 +111,7 @@ class Binder:
         except NotFound:
             return f"pod {namespace}/{name} is gone"
         finally:  # its expected placement counted until now (the lease, if any, from now)
-            self._cache.forget_assumed(uid)
+            self._cache.forget_assumed(uid, node=node)
         return ""
 
     async def _pod(self, namespace: str, name: str, uid: str) -> Obj:

@@ -154,7 +154,13 @@ class AgentCache:
         elif assumed is not None:
             self._assumed[pod_uid] = (node, assumed[1], math.inf)
 
-    def forget_assumed(self, pod_uid: str) -> None:
+    def forget_assumed(self, pod_uid: str, *, node: str = "") -> None:
+        """Stop counting the pod's assumed placement (``node``: only if it is there; a
+        bind that ends late, its answer given up by the scheduler, leaves the assumption
+        of the pod's next try elsewhere alone)."""
+        assumed = self._assumed.get(pod_uid)
+        if assumed is not None and node and assumed[0] != node:
+            return
         if (assumed := self._assumed.pop(pod_uid, None)) is not None:
             node, lease_id, _ = assumed
             if (entry := self.nodes.get(node)) is not None:

@@ -102,7 +102,7 @@ class Cache:
     def why_unknown(self, node: str) -> str:
         return "no agent"
 
-    def forget_assumed(self, pod_uid: str) -> None:
+    def forget_assumed(self, pod_uid: str, *, node: str = "") -> None:
         pass
 
 

@@ -196,3 +196,29 @@ def test_a_bind_keeps_its_assumption_while_it_waits_and_drops_one_elsewhere() ->
     assert "assumed-u-1" in cache.nodes["b"].pending
     cache.keep_assumed("u-1", "a")  # a bind of it on another node: b's assumption goes
     assert not cache.nodes["b"].pending
+
+
+def test_a_late_bind_leaves_the_next_tries_assumption_elsewhere() -> None:
+    """The scheduler gave up waiting for a bind on b and tried the pod again, now assumed
+    on a; the old bind ending at last forgets only an assumption on b."""
+    ext = extender({"a": 70, "b": 70})
+    cache = ext.cache
+    node_a = cache.nodes["a"]
+    cache.assume(
+        "a",
+        lease_of(
+            pb.Lease(
+                lease_id="assumed-u-1",
+                request_id="u-1",
+                device_uuid="x",
+                memory_bytes=GIB,
+                priority="burstable",
+                state="reserved",
+            )
+        ),
+        until=time.monotonic() + ASSUMED_S,
+    )
+    cache.forget_assumed("u-1", node="b")  # the old bind's end
+    assert "assumed-u-1" in node_a.pending
+    cache.forget_assumed("u-1", node="a")
+    assert not node_a.pending
