@@ -53,25 +53,32 @@ class TokenFile:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
         self._token = ""
-        self._read_if_changed()
-        if not self._token:
-            raise ValueError(f"token file {path} is empty")
+        try:
+            self._read_if_changed()
+        except ValueError as exc:
+            raise ValueError(f"token file {path}: {exc}") from exc
 
     def _read_if_changed(self) -> None:
-        """Stat and read the same open file, so the token and its stamp agree."""
+        """A stat per call; on a change, the file read and its stamp taken from the same
+        open file, so the token and its stamp agree. A bad read is not tried again until
+        the file changes once more."""
+        found = os.stat(self.path)
+        if (found.st_ino, found.st_mtime_ns, found.st_size) == self._stamp:
+            return
         with open(self.path, "rb") as file:
-            found = os.fstat(file.fileno())
-            stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
-            if stamp == self._stamp:
-                return
-            token = file.read().decode().strip()
-        if token:
-            self._token, self._stamp = token, stamp
+            opened = os.fstat(file.fileno())
+            stamp = (opened.st_ino, opened.st_mtime_ns, opened.st_size)
+            raw = file.read()
+        self._stamp = stamp
+        token = raw.decode().strip()  # ValueError: not UTF-8
+        if not token:
+            raise ValueError("it is empty")
+        self._token = token
 
     def __call__(self) -> str:
         try:
             self._read_if_changed()
-        except (OSError, ValueError) as exc:  # ValueError: not UTF-8
+        except (OSError, ValueError) as exc:
             log.warning("token file %s not read again (the last token kept): %s", self.path, exc)
         return self._token
 

@@ -89,6 +89,7 @@ class Binder:
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Bind the pod to ``node`` under a lease; "" on success, else why not."""
+        kept = None
         try:
             pod = await self._pod(namespace, name, uid)
             if uid and pod["metadata"].get("uid") != uid:
@@ -99,7 +100,7 @@ class Binder:
                 # would touch it
                 return "" if bound == node else f"pod {namespace}/{name} is bound to {bound}"
             ask = parse_ask(pod)
-            self._cache.keep_assumed(uid, node)  # counted while it waits its turn
+            kept = self._cache.keep_assumed(uid, node)  # counted while it waits its turn
             with self._queued(node):
                 if ask.gang_id:
                     await self._bind_gang_member(pod, ask, node)
@@ -111,7 +112,8 @@ class Binder:
         except NotFound:
             return f"pod {namespace}/{name} is gone"
         finally:  # its expected placement counted until now (the lease, if any, from now)
-            self._cache.forget_assumed(uid, node=node)
+            if kept is not None:
+                self._cache.forget_assumed(uid, only=kept)
         return ""
 
     async def _pod(self, namespace: str, name: str, uid: str) -> Obj:

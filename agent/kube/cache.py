@@ -24,6 +24,8 @@ from agent.kube.views import device_views, pod_uid_of
 
 log = logging.getLogger(__name__)
 
+Assumed = tuple[str, str, float]  # a pod's assumed placement: node, lease id, until
+
 ALLOCATED = "lease.allocated"  # the agent's event when the kubelet allocated a lease
 COALESCE_S = 0.02
 RETRY_MAX_S = 5.0
@@ -58,7 +60,7 @@ class AgentCache:
         self.nodes: dict[str, NodeEntry] = {}
         # called with (node, event) for every event of every agent, as it comes
         self.listeners: list[Callable[[str, pb.Event], None]] = []
-        self._assumed: dict[str, tuple[str, str, float]] = {}  # pod uid -> node, id, until
+        self._assumed: dict[str, Assumed] = {}  # pod uid -> its assumed placement
 
     # -- membership ------------------------------------------------------------------------
 
@@ -145,21 +147,23 @@ class AgentCache:
             entry.pending_version += 1
             self._assumed[uid] = (node, lease.lease_id, until)
 
-    def keep_assumed(self, pod_uid: str, node: str) -> None:
+    def keep_assumed(self, pod_uid: str, node: str) -> Assumed | None:
         """The pod's bind began on ``node``: an assumption there holds until the bind ends
-        (it may wait in the node's line longer than ``ASSUMED_S``); one elsewhere goes."""
+        (it may wait in the node's line longer than ``ASSUMED_S``); one elsewhere goes.
+        The one kept, for :meth:`forget_assumed` at the bind's end."""
         assumed = self._assumed.get(pod_uid)
         if assumed is not None and assumed[0] != node:
             self.forget_assumed(pod_uid)
         elif assumed is not None:
-            self._assumed[pod_uid] = (node, assumed[1], math.inf)
+            kept = self._assumed[pod_uid] = (node, assumed[1], math.inf)
+            return kept
+        return None
 
-    def forget_assumed(self, pod_uid: str, *, node: str = "") -> None:
-        """Stop counting the pod's assumed placement (``node``: only if it is there; a
+    def forget_assumed(self, pod_uid: str, *, only: Assumed | None = None) -> None:
+        """Stop counting the pod's assumed placement (``only``: if it is still that one; a
         bind that ends late, its answer given up by the scheduler, leaves the assumption
-        of the pod's next try elsewhere alone)."""
-        assumed = self._assumed.get(pod_uid)
-        if assumed is not None and node and assumed[0] != node:
+        of the pod's next try alone)."""
+        if only is not None and self._assumed.get(pod_uid) is not only:
             return
         if (assumed := self._assumed.pop(pod_uid, None)) is not None:
             node, lease_id, _ = assumed

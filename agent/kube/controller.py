@@ -81,16 +81,6 @@ class LeaseController:
         self.acting = False  # while act() runs (the leader): handle() and events may write
         cache.listeners.append(self._agent_event)
 
-    async def run(self) -> None:
-        """Follow the pods and act on them (one replica, or leader election off)."""
-        parts = [asyncio.create_task(self.follow()), asyncio.create_task(self.act())]
-        try:
-            await asyncio.gather(*parts)
-        finally:
-            for part in parts:
-                part.cancel()
-            await asyncio.gather(*parts, return_exceptions=True)
-
     async def follow(self) -> None:
         """List, handle, watch; a watch that expires (410) lists again. Every replica
         follows (the extender's binds read the pods here); only :meth:`act` writes."""
@@ -105,6 +95,10 @@ class LeaseController:
                 log.warning("pods: %s; listing again in %.1f s", exc, delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+    async def wait_synced(self) -> None:
+        """Until the first list of the pods is in the view."""
+        await self._synced.wait()
 
     async def act(self) -> None:
         """Settle ended pods, delete evicted ones and reconcile, from the first full view
@@ -300,6 +294,13 @@ class LeaseController:
                 log.warning("release of %s on %s failed: %s", lease_id, node, exc.details())
                 return False
             return True
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being stopped
+            # the link closed under the call (its agent's stream broke): not released
+            log.warning("release of %s on %s: the connection closed", lease_id, node)
+            return False
         self.released += 1
         log.info("released %s on %s: %s", lease_id, node, why)
         return True

@@ -188,11 +188,15 @@ class LeaderElector:
             log.info("leader election: %s leads (Lease %s/%s)", self.identity, *self._where())
             doing = asyncio.create_task(work(), name="leader-work")
             keeping = asyncio.create_task(self._keep(renewed_at), name="leader-renew")
-            lost, failed = False, None
+            lost = False
+            failed: BaseException | None = None
             try:
                 await asyncio.wait({doing, keeping}, return_when=asyncio.FIRST_COMPLETED)
                 ended = doing if doing.done() else keeping
-                failed = ended.exception()
+                if ended.cancelled():  # not by us: as a failure
+                    failed = RuntimeError(f"{ended.get_name()} was cancelled")
+                else:
+                    failed = ended.exception()
                 lost = ended is keeping and failed is None
             finally:
                 self.leading = False
@@ -206,6 +210,7 @@ class LeaderElector:
             if not lost:
                 raise RuntimeError("the leader's work ended")
             log.warning("leader election: %s lost the Lease; its work stopped", self.identity)
+            await asyncio.sleep(self.options.retry_period_s)  # no churn on a slow API
 
     def _where(self) -> tuple[str, str]:
         return self.options.namespace, self.options.name

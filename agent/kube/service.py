@@ -188,9 +188,14 @@ class ClusterSide:
             self._tasks.append(asyncio.create_task(self._write_side(), name="write-side"))
         else:
             self.elector = LeaderElector(self.api, options.leader)
-            self._tasks.append(
-                asyncio.create_task(self.elector.run(self._write_side), name="leader-election")
-            )
+            self._tasks.append(asyncio.create_task(self._campaign(), name="leader-election"))
+
+    async def _campaign(self) -> None:
+        """Stand for leader once the pods are in view (a replica that cannot list them
+        could not act on them)."""
+        assert self.elector is not None
+        await self.controller.wait_synced()
+        await self.elector.run(self._write_side)
 
     async def _write_side(self) -> None:
         """The parts that write to the cluster: one replica's at a time. A failure of one
@@ -208,26 +213,35 @@ class ClusterSide:
             ),
         ]
         try:
-            done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_EXCEPTION)
-            for part in done:
-                part.result()
+            done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
+            raise_ended(done)
         finally:
             for part in parts:
                 part.cancel()
             await asyncio.gather(*parts, return_exceptions=True)
 
     async def wait(self) -> None:
-        """Until a task fails (its exception is raised) or :meth:`aclose`."""
-        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        """Until a task ends, which none does on its own (its failure is raised), or
+        :meth:`aclose`."""
+        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+        raise_ended(done)
 
     async def aclose(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._stack.aclose()
+
+
+def raise_ended(done: set[asyncio.Task[None]]) -> None:
+    """Tasks that run until cancelled ended: raise the first one's failure, or say that it
+    ended (returned, or cancelled by something else than its owner)."""
+    for task in done:
+        if task.cancelled():
+            raise RuntimeError(f"{task.get_name()} was cancelled")
+        if (failure := task.exception()) is not None:
+            raise failure
+        raise RuntimeError(f"{task.get_name()} ended")
 
 
 class ReloadingTls:

@@ -382,7 +382,7 @@ class App:
             watch = listeners.reload_on_change(
                 paths, self.servers, api.secrets_check_s, seen=self._secret_stamps
             )
-            self.supervisor.spawn("secret-files", watch, core=False)
+            self.supervisor.spawn("secret-files", watch)
 
     def _on_reload(self) -> None:
         log.info("received SIGHUP: reloading the token and certificates")

@@ -126,7 +126,7 @@ class Cache:
     def drop_pending(self, node: str, lease_id: str) -> None:
         pass
 
-    def forget_assumed(self, pod_uid: str, *, node: str = "") -> None:
+    def forget_assumed(self, pod_uid: str, *, only: object = None) -> None:
         pass
 
     def keep_assumed(self, pod_uid: str, node: str) -> None:

@@ -102,7 +102,7 @@ class Cache:
     def why_unknown(self, node: str) -> str:
         return "no agent"
 
-    def forget_assumed(self, pod_uid: str, *, node: str = "") -> None:
+    def forget_assumed(self, pod_uid: str, *, only: object = None) -> None:
         pass
 
 
@@ -290,3 +290,29 @@ async def test_a_replica_not_leading_follows_the_pods_and_writes_nothing() -> No
     assert not following.acting
     await following.handle(pod("q", node=NODE, phase="Failed"))
     assert api.patches == ["p"] and not following._tasks
+
+
+async def test_a_release_cut_by_its_connection_closing_is_a_failed_release() -> None:
+    """grpc.aio ends a call with CancelledError when its channel closes (the agent's
+    stream broke and the cache dropped the link): the reconcile goes on, not stops."""
+    cache = Cache(lease("p"))
+
+    async def closed(lease_id: str) -> None:
+        raise asyncio.CancelledError
+
+    cache.the_link.release = closed  # type: ignore[method-assign]
+    leases = controller(Api(), cache)
+    assert await leases.release(NODE, "L-p", why="test") is False
+    assert await leases.reconcile() == 0  # goes on
+
+
+async def test_the_write_side_reports_a_part_that_ends() -> None:
+    from agent.kube.service import raise_ended
+
+    async def quits() -> None:
+        return None
+
+    task = asyncio.create_task(quits(), name="lease-controller")
+    await task
+    with pytest.raises(RuntimeError, match="lease-controller ended"):
+        raise_ended({task})

@@ -198,27 +198,30 @@ def test_a_bind_keeps_its_assumption_while_it_waits_and_drops_one_elsewhere() ->
     assert not cache.nodes["b"].pending
 
 
-def test_a_late_bind_leaves_the_next_tries_assumption_elsewhere() -> None:
-    """The scheduler gave up waiting for a bind on b and tried the pod again, now assumed
-    on a; the old bind ending at last forgets only an assumption on b."""
+def test_a_late_bind_leaves_the_next_tries_assumption_alone() -> None:
+    """The scheduler gave up waiting for a bind and tried the pod again: its new
+    assumption (on the same node, or another) stays when the old bind ends at last."""
     ext = extender({"a": 70, "b": 70})
     cache = ext.cache
-    node_a = cache.nodes["a"]
-    cache.assume(
-        "a",
-        lease_of(
-            pb.Lease(
-                lease_id="assumed-u-1",
-                request_id="u-1",
-                device_uuid="x",
-                memory_bytes=GIB,
-                priority="burstable",
-                state="reserved",
-            )
-        ),
-        until=time.monotonic() + ASSUMED_S,
+    for retry_node in ("b", "a"):
+        cache.assume("b", assumed_lease(), until=time.monotonic() + ASSUMED_S)
+        kept = cache.keep_assumed("u-1", "b")  # the first bind, on b
+        assert kept is not None
+        cache.assume(retry_node, assumed_lease(), until=time.monotonic() + ASSUMED_S)
+        cache.forget_assumed("u-1", only=kept)  # the first bind ends
+        assert "assumed-u-1" in cache.nodes[retry_node].pending
+        cache.forget_assumed("u-1")
+        assert not any(entry.pending for entry in cache.nodes.values())
+
+
+def assumed_lease() -> Any:
+    return lease_of(
+        pb.Lease(
+            lease_id="assumed-u-1",
+            request_id="u-1",
+            device_uuid="x",
+            memory_bytes=GIB,
+            priority="burstable",
+            state="reserved",
+        )
     )
-    cache.forget_assumed("u-1", node="b")  # the old bind's end
-    assert "assumed-u-1" in node_a.pending
-    cache.forget_assumed("u-1", node="a")
-    assert not node_a.pending
