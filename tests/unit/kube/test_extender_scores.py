@@ -132,15 +132,8 @@ def test_a_pods_prioritize_reuses_its_filters_decisions_until_the_node_changes(
     assert ext.filter({"pod": pod(), "nodenames": ["a", "b"]})["nodenames"] == ["a", "b"]
     scores(ext, ["a", "b"])
     assert len(decided) == 2, "prioritize decided again on the same views"
-    lease = pb.Lease(
-        lease_id="l-9",
-        request_id="r-9",
-        device_uuid="x",
-        memory_bytes=GIB,
-        priority="burstable",
-        state="admitted",
-    )
-    ext.cache.add_pending("a", lease_of(lease))  # a bind in flight: a's views change
+    a_bind = a_lease("l-9", "r-9", "admitted")
+    ext.cache.add_pending("a", a_bind)  # a bind in flight: a's views change
     scores(ext, ["a", "b"])
     # a changed, and b holds the pod's own placement, assumed by the first prioritize
     assert len(decided) == 4, "a changed node is decided again"
@@ -215,13 +208,18 @@ def test_a_late_bind_leaves_the_next_tries_assumption_alone() -> None:
 
 
 def assumed_lease() -> Any:
+    return a_lease("assumed-u-1", "u-1", "reserved")
+
+
+def a_lease(lease_id: str, request_id: str, state: str) -> Any:
+    """A 1 GiB burstable lease on device x."""
     return lease_of(
         pb.Lease(
-            lease_id="assumed-u-1",
-            request_id="u-1",
+            lease_id=lease_id,
+            request_id=request_id,
             device_uuid="x",
             memory_bytes=GIB,
             priority="burstable",
-            state="reserved",
+            state=state,
         )
     )
