@@ -18,7 +18,7 @@ import grpc
 
 from agent.admission.policy import DeviceView
 from agent.api.proto import agent_pb2 as pb
-from agent.core.lease import Lease
+from agent.core.lease import Lease, LeaseState
 from agent.kube.agents import AgentLink, Connect
 from agent.kube.views import device_views, pod_uid_of
 
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 Assumed = tuple[str, str, float]  # a pod's assumed placement: node, lease id, until
 
 ALLOCATED = "lease.allocated"  # the agent's event when the kubelet allocated a lease
+ENDED = frozenset(f"lease.{state.value}" for state in LeaseState if state.is_terminal)
 COALESCE_S = 0.02
 RETRY_MAX_S = 5.0
 HEARTBEAT_S = 5.0  # the longest a dead agent's node is decided on from its last answer
@@ -253,8 +254,10 @@ class AgentCache:
                 _remember(entry.allocated_ids, event.lease_id)  # capacity moved
                 if waiter := entry.allocated.get(event.lease_id):
                     waiter.set()
-            else:
-                entry.dirty.set()
+                continue
+            if event.kind in ENDED and entry.pending.pop(event.lease_id, None) is not None:
+                entry.pending_version += 1  # ended before an answer showed it: not counted
+            entry.dirty.set()
 
     async def _refresh(self, entry: NodeEntry, link: AgentLink) -> None:
         """A GetNode after each burst of events, and at least every ``HEARTBEAT_S``: the

@@ -16,6 +16,7 @@ from agent.client import TokenFile
 from agent.kube import cache as cache_module
 from agent.kube.cache import AgentCache, NodeEntry
 from agent.kube.service import ClusterOptions, connector
+from agent.kube.views import lease_of
 
 
 class Link:
@@ -114,3 +115,30 @@ def test_a_token_file_caught_empty_keeps_the_last_token(tmp_path: Path) -> None:
     token.write_text("")
     with pytest.raises(ValueError, match="empty"):
         TokenFile(str(token))
+
+
+async def test_a_pending_lease_that_ended_before_an_answer_showed_it_is_not_counted() -> None:
+    """A lease granted to a bind counts until an answer shows it; if it ends first (the
+    pod gone at once, an eviction), no answer ever will: its end event drops it."""
+    link = Link()
+    cache = AgentCache(lambda target: None)  # type: ignore[arg-type,return-value]
+    entry = cache.nodes["n1"] = NodeEntry("n1", "127.0.0.1:1")
+    following = asyncio.create_task(cache._serve(entry, link))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.05)
+        granted = pb.Lease(
+            lease_id="l-a",
+            request_id="u-1",
+            device_uuid="x",
+            state="admitted",
+            priority="burstable",
+        )
+        cache.add_pending("n1", lease_of(granted))
+        version = entry.pending_version
+        await settle(link, pb.Event(seq=1, kind="lease.allocated", lease_id="l-a"))
+        assert "l-a" in entry.pending  # allocated: still live
+        await settle(link, pb.Event(seq=2, kind="lease.released", lease_id="l-a"))
+        assert "l-a" not in entry.pending and entry.pending_version > version
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
