@@ -16,6 +16,7 @@ import grpc.aio
 
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.config.filewatch import Stamp, stamp_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,7 +52,7 @@ class TokenFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: Stamp | None = None
         self._token = ""
         try:
             self._read_if_changed()
@@ -62,12 +63,10 @@ class TokenFile:
         """A stat per call; on a change, the file read and its stamp taken from the same
         open file, so the token and its stamp agree. A bad read is not tried again until
         the file changes once more."""
-        found = os.stat(self.path)
-        if (found.st_ino, found.st_mtime_ns, found.st_size) == self._stamp:
+        if stamp_of(os.stat(self.path)) == self._stamp:
             return
         with open(self.path, "rb") as file:
-            opened = os.fstat(file.fileno())
-            stamp = (opened.st_ino, opened.st_mtime_ns, opened.st_size)
+            stamp = stamp_of(os.fstat(file.fileno()))
             raw = file.read()
         self._stamp = stamp
         token = raw.decode().strip()  # ValueError: not UTF-8

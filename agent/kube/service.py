@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from aiohttp import web
 
 from agent.admission.policy import Rules
 from agent.client import AgentClient, TokenFile, tls_credentials
+from agent.config import filewatch
 from agent.core.errors import ConfigError
 from agent.kube.agents import AgentLink, Connect, targets_from_slices
 from agent.kube.binder import Binder, BindOptions
@@ -251,7 +251,7 @@ class ReloadingTls:
 
     def __init__(self, cert_file: str, key_file: str) -> None:
         self.files = (cert_file, key_file)
-        self.stamp = _stamp(*self.files)  # before the load: a change meanwhile is seen
+        self.stamp = filewatch.stamps(self.files)  # before the load: a change meanwhile is seen
         self.current = _server_context(*self.files)
         self.context = _server_context(*self.files)
         self.context.sni_callback = self._pick
@@ -274,32 +274,19 @@ async def reload_certificate(tls: ReloadingTls, interval_s: float = CERT_CHECK_S
     """Reload whenever either file changes (cert-manager and kubelet-mounted Secrets rotate
     them in place): new connections get the new pair. A pair that does not load (caught
     between the two writes) is tried again at the next check."""
-    seen = tls.stamp
-    while True:
-        await asyncio.sleep(interval_s)
-        stamp = _stamp(*tls.files)
-        if stamp == seen:
-            continue
+
+    def take() -> bool:
         try:
             tls.reload()
         except (OSError, ssl.SSLError) as exc:
             log.warning(
                 "webhook certificate %s not reloaded (previous kept): %s", tls.files[0], exc
             )
-            continue
-        seen = stamp
+            return False
         log.info("webhook certificate %s reloaded", tls.files[0])
+        return True
 
-
-def _stamp(*paths: str) -> tuple[tuple[float, int], ...]:
-    stamps = []
-    for path in paths:
-        try:
-            stat = os.stat(path)
-            stamps.append((stat.st_mtime, stat.st_size))
-        except OSError:
-            stamps.append((0.0, -1))
-    return tuple(stamps)
+    await filewatch.reload_on_change(tls.files, interval_s, take, seen=tls.stamp)
 
 
 def _port_of(served: web.TCPSite) -> int:

@@ -22,7 +22,7 @@ from agent.api.grpc_server import AgentService
 from agent.api.http import HttpServer, build_http_app
 from agent.api.identity import Identify, local
 from agent.api.server import GrpcServer
-from agent.config import Settings
+from agent.config import Settings, filewatch
 from agent.core.errors import GpushareError
 from agent.core.types import Device, NodeSnapshot
 from agent.gpu.port import TelemetrySource
@@ -89,7 +89,7 @@ class App:
             mps_root=settings.mps_root_dir,
         )
         # before the files are read: a change from here on is seen by the first check
-        self._secret_stamps = listeners.stamps(listeners.secret_files(settings.api))
+        self._secret_stamps = filewatch.stamps(listeners.secret_files(settings.api))
         self.servers = self._grpc_servers(settings)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(
@@ -379,8 +379,11 @@ class App:
         api = self.settings.api
         paths = listeners.secret_files(api)
         if paths and api.tcp_listen and api.secrets_check_s > 0:
-            watch = listeners.reload_on_change(
-                paths, self.servers, api.secrets_check_s, seen=self._secret_stamps
+            watch = filewatch.reload_on_change(
+                paths,
+                api.secrets_check_s,
+                listeners.reload_changed(self.servers),
+                seen=self._secret_stamps,
             )
             self.supervisor.spawn("secret-files", watch)
 

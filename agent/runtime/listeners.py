@@ -3,9 +3,7 @@ and when their files change."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 from collections.abc import Callable, Sequence
 
 from agent.api.auth import ReloadableTls, TlsFiles, TokenHolder
@@ -44,45 +42,17 @@ def reload_secrets(servers: Sequence[GrpcServer]) -> list[str]:
     return problems
 
 
-Stamp = tuple[int, int, int] | None  # a file's inode, mtime (ns) and size; None: unreadable
-
-
-def stamps(paths: Sequence[str]) -> tuple[Stamp, ...]:
-    """What says that one of ``paths`` was replaced or rewritten (a Secret volume swaps a
-    link: the stat follows it to a new file)."""
-    found: list[Stamp] = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            found.append(None)
-        else:
-            found.append((st.st_ino, st.st_mtime_ns, st.st_size))
-    return tuple(found)
-
-
 def secret_files(api: ApiSettings) -> list[str]:
     names = (api.token_file, api.tls_cert_file, api.tls_key_file, api.tls_client_ca_file)
     return [name for name in names if name]
 
 
-async def reload_on_change(
-    paths: Sequence[str],
-    servers: Sequence[GrpcServer],
-    interval_s: float,
-    *,
-    seen: tuple[Stamp, ...] | None = None,
-) -> None:
-    """Reload the secrets when any of ``paths`` changed since ``seen`` (their stamps when
-    they were read; default: now), then since the last look, as SIGHUP does. A change
-    caught half way (a key without its certificate yet) keeps the previous material and
-    is tried again at the next look."""
-    seen = stamps(paths) if seen is None else seen
-    while True:
-        await asyncio.sleep(interval_s)
-        now = stamps(paths)
-        if now == seen:
-            continue
+def reload_changed(servers: Sequence[GrpcServer]) -> Callable[[], bool]:
+    """For :func:`agent.config.filewatch.reload_on_change`: reload as SIGHUP does; taken
+    when nothing failed its checks."""
+
+    def reload() -> bool:
         log.info("reload: a token or certificate file changed")
-        if not reload_secrets(servers):
-            seen = now
+        return not reload_secrets(servers)
+
+    return reload
