@@ -493,8 +493,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         ]
         try:
             cpu_before = cpu_by_part(part_of)
-            await bench.creator(spawn)
-            await asyncio.gather(*tasks)
+            await _unless_ended(beside[0], bench.creator(spawn))
+            await _unless_ended(beside[0], asyncio.gather(*tasks))
             done_at = time.monotonic()
             bench.cpu_ms_per_pod = ms_per(cpu_before, cpu_by_part(part_of), args.pods)
             bench.stop.set()  # the probe's own leases end with it
@@ -512,6 +512,18 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             for client in bench.clients.values():
                 await client.__aexit__(None, None, None)
     return summarize(bench, units, leases, left, done_at, load_before)
+
+
+async def _unless_ended(beside: asyncio.Task[None], work: Any) -> None:
+    """Await ``work``; fail at once if ``beside`` (the scheduler) ends first: no bind would
+    ever come, and the run would wait for them until every pod's deadline."""
+    doing = asyncio.ensure_future(work)
+    await asyncio.wait({doing, beside}, return_when=asyncio.FIRST_COMPLETED)
+    if not doing.done():
+        doing.cancel()
+        beside.result()  # its failure, if it failed
+        raise RuntimeError("the scheduler stand-in stopped")
+    doing.result()
 
 
 def part_of(command: list[str]) -> str:

@@ -1,8 +1,14 @@
 """What every agent holds, kept current without a call per pod: one ``GetNode`` at
-connect, then ``WatchEvents``; each burst of events makes one more ``GetNode`` (coalesced;
-ledger only; an allocation, which moves no capacity, makes none).
-Binds in flight add their leases until an answer shows them, so two pods filtered at once
-never both count on the same free memory."""
+connect, then ``WatchEvents``, and a ``GetNode`` at least every ``HEARTBEAT_S``.
+
+The events this side can account for make no call: a lease that ended (released, expired,
+evicted, failed) stops counting at its event, and the grant of a lease to one of this
+side's binds is counted from the bind's answer (it stays pending until an answer shows
+it), as is an allocation, which moves no capacity. Any other event (a lease granted to
+another caller, a gang's commit, a device's change) makes one more ``GetNode`` after its
+burst (coalesced, ledger only). Two pods filtered at once never both count on the same
+free memory. The last answer itself is kept as the agent gave it: what needs an agent's own
+word (the leaseless pods) reads it, not the events since."""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ Assumed = tuple[str, str, float]  # a pod's assumed placement: node, lease id, u
 
 ALLOCATED = "lease.allocated"  # the agent's event when the kubelet allocated a lease
 ENDED = frozenset(f"lease.{state.value}" for state in LeaseState if state.is_terminal)
+GRANTED = frozenset({"lease.admitted", "lease.reserved"})  # what a bind's answer may show
 COALESCE_S = 0.02
 RETRY_MAX_S = 5.0
 HEARTBEAT_S = 5.0  # the longest a dead agent's node is decided on from its last answer
@@ -44,6 +51,9 @@ class NodeEntry:
     error: str = "not connected yet"
     stale: bool = False  # the last GetNode failed: the snapshot is not to be decided on
     pending: dict[str, Lease] = field(default_factory=dict)
+    ended: dict[str, int] = field(default_factory=dict)  # lease id -> seq, since the answer
+    granted: dict[str, str] = field(default_factory=dict)  # lease id -> state, since it
+    must_ask: bool = False  # an event since the answer that only the agent can account for
     allocated: dict[str, asyncio.Event] = field(default_factory=dict)
     allocated_ids: dict[str, None] = field(default_factory=dict)  # newest last, bounded
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
@@ -103,12 +113,15 @@ class AgentCache:
             return None
         cached = entry.views
         if cached is None or cached[0] is not entry.snapshot or cached[1] != entry.pending_version:
-            views = device_views(entry.snapshot, entry.pending.values())
+            views = device_views(entry.snapshot, entry.pending.values(), ended=entry.ended)
             pods = frozenset(pod_uid_of(x.request_id) for v in views for x in v.leases)
             cached = entry.views = (entry.snapshot, entry.pending_version, views, pods)
         if without_request and without_request in cached[3]:
             return device_views(
-                entry.snapshot, entry.pending.values(), without_request=without_request
+                entry.snapshot,
+                entry.pending.values(),
+                without_request=without_request,
+                ended=entry.ended,
             )
         return cached[2]
 
@@ -128,13 +141,22 @@ class AgentCache:
         return entry.link if entry is not None else None
 
     def add_pending(self, node: str, lease: Lease) -> None:
-        """A lease granted to a bind in flight: counted until an answer shows it (its pod's
-        assumed placement, if any, gives way to it)."""
+        """A lease granted to a bind in flight: counted until an answer shows it or its
+        end event comes (its pod's assumed placement, if any, gives way to it)."""
         self.forget_assumed(pod_uid_of(lease.request_id))
         if (entry := self.nodes.get(node)) is not None:
             entry.pending[lease.lease_id] = lease
             entry.pending_version += 1
-            entry.dirty.set()
+
+    def live_leases(self, node: str) -> list[pb.Lease | Lease]:
+        """Every lease counted live on ``node``: the last answer's, less those ended since,
+        and the binds' not shown yet (pods' assumed placements aside)."""
+        entry = self.nodes.get(node)
+        if entry is None or entry.snapshot is None:
+            return []
+        assumed = {lease_id for _, lease_id, _ in self._assumed.values()}
+        shown = [x for x in entry.snapshot.leases if x.lease_id not in entry.ended]
+        return [*shown, *(x for x in entry.pending.values() if x.lease_id not in assumed)]
 
     def assume(self, node: str, lease: Lease, *, until: float) -> None:
         """Count ``lease``, a pod's expected placement between its prioritize and its bind,
@@ -177,9 +199,11 @@ class AgentCache:
             self.forget_assumed(uid)
 
     def drop_pending(self, node: str, lease_id: str) -> None:
+        """A bind gave its lease back: the agent's answer says whether it is still live."""
         if (entry := self.nodes.get(node)) is not None:
             entry.pending.pop(lease_id, None)
             entry.pending_version += 1
+            entry.must_ask = True
             entry.dirty.set()
 
     async def wait_allocated(self, node: str, lease_id: str, timeout_s: float) -> bool:
@@ -255,8 +279,15 @@ class AgentCache:
                 if waiter := entry.allocated.get(event.lease_id):
                     waiter.set()
                 continue
-            if event.kind in ENDED and entry.pending.pop(event.lease_id, None) is not None:
-                entry.pending_version += 1  # ended before an answer showed it: not counted
+            if event.kind in ENDED:  # never live again: not counted from now
+                entry.pending.pop(event.lease_id, None)
+                entry.ended[event.lease_id] = event.seq
+                entry.pending_version += 1
+                continue
+            if event.kind in GRANTED:
+                entry.granted[event.lease_id] = event.kind.removeprefix("lease.")
+            else:
+                entry.must_ask = True
             entry.dirty.set()
 
     async def _refresh(self, entry: NodeEntry, link: AgentLink) -> None:
@@ -265,11 +296,16 @@ class AgentCache:
         noticed here, and its node is unknown (not filtered on its last answer) until it
         answers again."""
         while True:
+            woken = False
             with contextlib.suppress(TimeoutError):  # (wait_for can lose a cancellation)
                 async with asyncio.timeout(HEARTBEAT_S):
-                    await entry.dirty.wait()
+                    woken = await entry.dirty.wait()
             await asyncio.sleep(COALESCE_S)
             entry.dirty.clear()
+            if woken and _accounted(entry):
+                continue
+            entry.granted.clear()
+            entry.must_ask = False
             started = time.monotonic()
             try:
                 snapshot = await link.get_node(ledger_only=True)
@@ -278,6 +314,7 @@ class AgentCache:
                 entry.stale = True
                 if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
                     raise  # a rotated token: connect again with the one on disk now
+                entry.must_ask = True
                 entry.dirty.set()
                 await asyncio.sleep(RETRY_MAX_S / 10)
                 continue
@@ -285,10 +322,24 @@ class AgentCache:
             shown = {x.lease_id for x in snapshot.leases}
             for lease_id in [x for x in entry.pending if x in shown]:
                 del entry.pending[lease_id]
-                entry.pending_version += 1
+            entry.ended = {k: s for k, s in entry.ended.items() if s > snapshot.last_event_seq}
+            entry.pending_version += 1
             log.debug(
                 "agent %s refreshed in %.1f ms", entry.node_name, 1e3 * (time.monotonic() - started)
             )
+
+
+def _accounted(entry: NodeEntry) -> bool:
+    """Every event since the last ask is one this side accounts for: the grant of a lease
+    its bind holds, in the state it holds it (a gang's commit changes that state)."""
+    if entry.must_ask:
+        return False
+    for lease_id, state in entry.granted.items():
+        held = entry.pending.get(lease_id)
+        if held is None or held.state.value != state:
+            return False
+    entry.granted.clear()
+    return True
 
 
 def _remember(ids: dict[str, None], lease_id: str) -> None:

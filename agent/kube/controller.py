@@ -273,11 +273,8 @@ class LeaseController:
         # unbound: a bind that died may have left a lease on any node
         nodes = [bound] if bound else list(self._cache.nodes)
         done = True
-        for node in nodes:
-            entry = self._cache.nodes.get(node)
-            if entry is None or entry.snapshot is None:
-                continue  # no agent there (now): the reconcile covers any lease
-            for lease in entry.snapshot.leases:
+        for node in nodes:  # no agent there (now): the reconcile covers any lease
+            for lease in self._cache.live_leases(node):
                 if pod_uid_of(lease.request_id) == uid and lease.pod == key:
                     done &= await self.release(node, lease.lease_id, why=f"pod {key} ended")
         return done
@@ -348,6 +345,8 @@ class LeaseController:
         now = self._clock()
         for node, entry in list(self._cache.nodes.items()):
             for lease in entry.snapshot.leases if entry.snapshot is not None else ():
+                if lease.lease_id in entry.ended:
+                    continue  # its end came since the answer
                 young = now - lease.created_at <= self._grace_s
                 settling = pod_uid_of(lease.request_id) in self._settling  # released there
                 if not lease.pod or lease.state == "reserved" or young or settling:

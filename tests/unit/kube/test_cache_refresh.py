@@ -5,6 +5,7 @@ refused token ends the connection, and the next one reads the token again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -41,25 +42,147 @@ async def settle(link: Link, event: pb.Event) -> int:
     return len(link.asked) - before
 
 
-async def test_capacity_events_refresh_and_allocations_do_not() -> None:
-    link = Link()
-    entry = NodeEntry("n1", "127.0.0.1:1")
-    following = asyncio.create_task(
-        AgentCache(lambda target: None)._serve(entry, link)  # type: ignore[arg-type,return-value]
+def granted(lease_id: str, state: str = "admitted", pod_uid: str = "u-1") -> pb.Lease:
+    return pb.Lease(
+        lease_id=lease_id,
+        request_id=pod_uid,
+        device_uuid="GPU-0",
+        state=state,
+        priority="burstable",
+        pod=f"ns/{pod_uid}",
+        memory_bytes=2**30,
     )
+
+
+@contextlib.asynccontextmanager
+async def following(link: Link) -> AsyncIterator[tuple[AgentCache, NodeEntry]]:
+    cache = AgentCache(lambda target: None)  # type: ignore[arg-type,return-value]
+    entry = cache.nodes["n1"] = NodeEntry("n1", "127.0.0.1:1")
+    task = asyncio.create_task(cache._serve(entry, link))  # type: ignore[arg-type]
     try:
         await asyncio.sleep(0.05)
-        assert link.asked == [True]  # at connect
-        assert await settle(link, pb.Event(seq=1, kind="lease.admitted", lease_id="l-a")) == 1
-        assert await settle(link, pb.Event(seq=2, kind="lease.allocated", lease_id="l-a")) == 0
-        assert "l-a" in entry.allocated_ids
-        assert await settle(link, pb.Event(seq=3, kind="lease.released", lease_id="l-a")) == 1
-        assert await settle(link, pb.Event(seq=4, kind="device.drained")) == 1
+        assert link.asked == [True]  # at connect, ledger only
+        yield cache, entry
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+# (what this side holds pending, the event, GetNodes it brings about)
+EVENTS = [
+    pytest.param(None, "lease.admitted", 1, id="a lease granted to another caller"),
+    pytest.param("admitted", "lease.admitted", 0, id="the grant of this side's bind"),
+    pytest.param("reserved", "lease.reserved", 0, id="the reservation of a gang member"),
+    pytest.param("reserved", "lease.admitted", 1, id="a gang's commit"),
+    pytest.param("admitted", "lease.ready", 1, id="a lease turned ready"),
+    pytest.param("admitted", "lease.allocated", 0, id="an allocation (no capacity moved)"),
+    pytest.param("admitted", "lease.released", 0, id="a release (counted off at once)"),
+    pytest.param("admitted", "lease.evicted", 0, id="an eviction (counted off at once)"),
+    pytest.param(None, "device.drained", 1, id="a device's change"),
+]
+
+
+@pytest.mark.parametrize(("held", "kind", "asks"), EVENTS)
+async def test_only_events_this_side_cannot_account_for_ask_the_agent(
+    held: str | None, kind: str, asks: int
+) -> None:
+    link = Link()
+    async with following(link) as (cache, _):
+        if held is not None:
+            cache.add_pending("n1", lease_of(granted("l-a", held)))
+        assert await settle(link, pb.Event(seq=1, kind=kind, lease_id="l-a")) == asks
         assert all(link.asked)
         assert cache_module.COALESCE_S < 0.05
-    finally:
-        following.cancel()
-        await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_a_grant_seen_before_its_bind_holds_it_is_accounted_for_in_the_burst() -> None:
+    """The event stream may bring the grant before the bind's answer: within the burst's
+    delay the bind holds it, and no GetNode is needed."""
+    link = Link()
+    async with following(link) as (cache, _):
+        link.events.put_nowait(pb.Event(seq=1, kind="lease.admitted", lease_id="l-a"))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        cache.add_pending("n1", lease_of(granted("l-a")))
+        await asyncio.sleep(0.1)
+        assert link.asked == [True]
+
+
+async def test_a_lease_given_back_by_a_failed_bind_is_asked_about() -> None:
+    """Its Release may have failed: only the agent can say it is gone."""
+    link = Link()
+    async with following(link) as (cache, _):
+        cache.add_pending("n1", lease_of(granted("l-a")))
+        cache.drop_pending("n1", "l-a")
+        await asyncio.sleep(0.1)
+        assert link.asked == [True, True]
+
+
+async def test_the_heartbeat_asks_with_no_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "HEARTBEAT_S", 0.05)
+    link = Link()
+    async with following(link):
+        await asyncio.sleep(0.2)
+        assert len(link.asked) >= 3
+
+
+class Answering(Link):
+    """Answers with the leases it is given, and the seq of the last event it sent."""
+
+    def __init__(self, *leases: pb.Lease) -> None:
+        super().__init__()
+        self.leases = list(leases)
+        self.seq = 0
+
+    async def get_node(self, *, ledger_only: bool = False) -> pb.GetNodeResponse:
+        self.asked.append(ledger_only)
+        device = pb.Device(uuid="GPU-0", memory_bytes=80 * 2**30, sharing_mode="mps")
+        return pb.GetNodeResponse(devices=[device], leases=self.leases, last_event_seq=self.seq)
+
+    def send(self, kind: str, lease_id: str) -> pb.Event:
+        self.seq += 1
+        return pb.Event(seq=self.seq, kind=kind, lease_id=lease_id)
+
+
+def counted(cache: AgentCache) -> set[str]:
+    views = cache.views("n1") or []
+    return {x.lease_id for view in views for x in view.leases}
+
+
+async def test_a_lease_ended_since_the_answer_is_not_counted_until_an_answer_drops_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cache_module, "HEARTBEAT_S", 0.3)
+    link = Answering(granted("l-a", pod_uid="u-1"), granted("l-b", pod_uid="u-2"))
+    async with following(link) as (cache, entry):
+        cache.assume("n1", lease_of(granted("assumed-u-3", pod_uid="u-3")), until=1e18)
+        cache.add_pending("n1", lease_of(granted("l-c", pod_uid="u-4")))
+        assert counted(cache) == {"l-a", "l-b", "l-c", "assumed-u-3"}
+        assert {x.lease_id for x in cache.live_leases("n1")} == {"l-a", "l-b", "l-c"}
+        assert await settle(link, link.send("lease.released", "l-a")) == 0
+        assert counted(cache) == {"l-b", "l-c", "assumed-u-3"}
+        assert {x.lease_id for x in cache.live_leases("n1")} == {"l-b", "l-c"}
+        assert entry.snapshot is not None and len(entry.snapshot.leases) == 2  # as answered
+        link.leases = [granted("l-b", pod_uid="u-2"), granted("l-c", pod_uid="u-4")]
+        await asyncio.sleep(0.4)  # the heartbeat's answer, past the release
+        assert len(link.asked) == 2
+        assert entry.ended == {} and "l-c" not in entry.pending
+        assert counted(cache) == {"l-b", "l-c", "assumed-u-3"}
+
+
+async def test_an_answer_older_than_an_end_keeps_it_off() -> None:
+    """An answer that left before the end event (its seq below it) still shows the lease:
+    it stays off until an answer past the event."""
+    link = Answering(granted("l-a"))
+    async with following(link) as (cache, entry):
+        link.seq = 0  # the next answer says it saw no event
+        link.events.put_nowait(pb.Event(seq=5, kind="lease.released", lease_id="l-a"))
+        await settle(link, pb.Event(seq=6, kind="device.drained", lease_id=""))
+        assert len(link.asked) == 2 and entry.ended == {"l-a": 5}
+        assert counted(cache) == set()
+        link.seq, link.leases = 6, []
+        await settle(link, pb.Event(seq=7, kind="device.drained", lease_id=""))
+        assert entry.ended == {} and counted(cache) == set()
 
 
 async def test_a_refused_token_ends_the_connection_to_connect_again() -> None:

@@ -102,6 +102,10 @@ class Cache:
     def why_unknown(self, node: str) -> str:
         return "no agent"
 
+    def live_leases(self, node: str) -> list[pb.Lease]:
+        entry = self.nodes.get(node)
+        return list(entry.snapshot.leases) if entry is not None and entry.snapshot else []
+
     def forget_assumed(self, pod_uid: str, *, only: object = None) -> None:
         pass
 
