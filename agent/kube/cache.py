@@ -26,7 +26,7 @@ from agent.admission.policy import DeviceView
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease, LeaseState
 from agent.kube.agents import AgentLink, Connect
-from agent.kube.views import device_views, pod_uid_of
+from agent.kube.views import device_views, lease_of, pod_uid_of
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class NodeEntry:
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
     # the views of the last (snapshot, pending) seen, and the pod UIDs with a lease there
     views: tuple[object, int, list[DeviceView], frozenset[str]] | None = None
+    shown: tuple[object, list[Lease]] | None = None  # the last answer's leases, converted
     pending_version: int = 0
     last_seq: int = 0  # the newest event seen: a stream that breaks resumes after it
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -111,9 +112,14 @@ class AgentCache:
         entry = self.nodes.get(node)
         if entry is None or entry.snapshot is None or entry.link is None or entry.stale:
             return None
+        if entry.shown is None or entry.shown[0] is not entry.snapshot:
+            entry.shown = (entry.snapshot, [lease_of(x) for x in entry.snapshot.leases])
+        shown = entry.shown[1]
         cached = entry.views
         if cached is None or cached[0] is not entry.snapshot or cached[1] != entry.pending_version:
-            views = device_views(entry.snapshot, entry.pending.values(), ended=entry.ended)
+            views = device_views(
+                entry.snapshot, entry.pending.values(), ended=entry.ended, shown=shown
+            )
             pods = frozenset(pod_uid_of(x.request_id) for v in views for x in v.leases)
             cached = entry.views = (entry.snapshot, entry.pending_version, views, pods)
         if without_request and without_request in cached[3]:
@@ -122,6 +128,7 @@ class AgentCache:
                 entry.pending.values(),
                 without_request=without_request,
                 ended=entry.ended,
+                shown=shown,
             )
         return cached[2]
 
@@ -142,9 +149,10 @@ class AgentCache:
 
     def add_pending(self, node: str, lease: Lease) -> None:
         """A lease granted to a bind in flight: counted until an answer shows it or its
-        end event comes (its pod's assumed placement, if any, gives way to it)."""
+        end event comes (its pod's assumed placement, if any, gives way to it). One whose
+        end came first (evicted at once) is not counted."""
         self.forget_assumed(pod_uid_of(lease.request_id))
-        if (entry := self.nodes.get(node)) is not None:
+        if (entry := self.nodes.get(node)) is not None and lease.lease_id not in entry.ended:
             entry.pending[lease.lease_id] = lease
             entry.pending_version += 1
 
@@ -249,6 +257,10 @@ class AgentCache:
         """Follow the agent until its stream or its refreshes fail (then reconnect)."""
         entry.snapshot = await link.get_node(ledger_only=True)
         entry.link, entry.error, entry.stale = link, "", False
+        # a new answer: what the last connection's events said since its own is in it (or
+        # the agent's state was wiped, its seqs begun again)
+        entry.ended, entry.granted, entry.must_ask = {}, {}, False
+        entry.pending_version += 1
         entry.ready.set()
         since = entry.snapshot.last_event_seq
         if 0 < entry.last_seq <= since:  # a stream that broke: what came meanwhile too
@@ -279,12 +291,12 @@ class AgentCache:
                 if waiter := entry.allocated.get(event.lease_id):
                     waiter.set()
                 continue
-            if event.kind in ENDED:  # never live again: not counted from now
+            if event.kind in ENDED and event.lease_id:  # never live again: not counted now
                 entry.pending.pop(event.lease_id, None)
                 entry.ended[event.lease_id] = event.seq
                 entry.pending_version += 1
                 continue
-            if event.kind in GRANTED:
+            if event.kind in GRANTED and event.lease_id:  # ("": another caller's, hidden)
                 entry.granted[event.lease_id] = event.kind.removeprefix("lease.")
             else:
                 entry.must_ask = True
@@ -295,18 +307,18 @@ class AgentCache:
         event stream retries a dead agent quietly, so an agent that stops answering is
         noticed here, and its node is unknown (not filtered on its last answer) until it
         answers again."""
+        asked = time.monotonic()
         while True:
-            woken = False
             with contextlib.suppress(TimeoutError):  # (wait_for can lose a cancellation)
-                async with asyncio.timeout(HEARTBEAT_S):
-                    woken = await entry.dirty.wait()
+                async with asyncio.timeout(max(asked + HEARTBEAT_S - time.monotonic(), 0)):
+                    await entry.dirty.wait()
             await asyncio.sleep(COALESCE_S)
             entry.dirty.clear()
-            if woken and _accounted(entry):
+            if time.monotonic() < asked + HEARTBEAT_S and _accounted(entry):
                 continue
             entry.granted.clear()
             entry.must_ask = False
-            started = time.monotonic()
+            started = asked = time.monotonic()
             try:
                 snapshot = await link.get_node(ledger_only=True)
             except grpc.aio.AioRpcError as exc:

@@ -4,7 +4,7 @@ words (``agent.admission.policy``), from a cache instead of a call per pod."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 from agent.admission.policy import DeviceView, Tally
@@ -56,16 +56,17 @@ def device_views(
     *,
     without_request: str = "",
     ended: Container[str] = (),
+    shown: Sequence[Lease] | None = None,
 ) -> list[DeviceView]:
     """The node's devices with their live leases, plus ``extra`` (binds in flight that the
     answer does not show yet), less those ``ended`` since the answer and the leases of the
     pod whose UID is ``without_request``: a pod whose bind died after its lease was granted
     gets that same lease back on a retry (same request id), so it must not count against
-    itself."""
+    itself. ``shown``: the answer's leases already converted (the cache keeps them)."""
     by_device: dict[str, list[Lease]] = {d.uuid: [] for d in node.devices}
     seen = {x.lease_id for x in node.leases}
     for lease in [
-        *(lease_of(x) for x in node.leases if x.lease_id not in ended),
+        *(x for x in (shown or map(lease_of, node.leases)) if x.lease_id not in ended),
         *(x for x in extra if x.lease_id not in seen),
     ]:
         if without_request and pod_uid_of(lease.request_id) == without_request:

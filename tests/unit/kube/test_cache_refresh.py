@@ -72,7 +72,7 @@ async def following(link: Link) -> AsyncIterator[tuple[AgentCache, NodeEntry]]:
 EVENTS = [
     pytest.param(None, "lease.admitted", 1, id="a lease granted to another caller"),
     pytest.param("admitted", "lease.admitted", 0, id="the grant of this side's bind"),
-    pytest.param("reserved", "lease.reserved", 0, id="the reservation of a gang member"),
+    pytest.param(None, "lease.reserved", 1, id="a reservation (a gang's is held after it)"),
     pytest.param("reserved", "lease.admitted", 1, id="a gang's commit"),
     pytest.param("admitted", "lease.ready", 1, id="a lease turned ready"),
     pytest.param("admitted", "lease.allocated", 0, id="an allocation (no capacity moved)"),
@@ -124,6 +124,59 @@ async def test_the_heartbeat_asks_with_no_event(monkeypatch: pytest.MonkeyPatch)
     async with following(link):
         await asyncio.sleep(0.2)
         assert len(link.asked) >= 3
+
+
+async def test_the_heartbeat_asks_under_a_steady_flow_of_own_grants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Events it accounts for, one every half heartbeat, do not put the heartbeat off."""
+    monkeypatch.setattr(cache_module, "HEARTBEAT_S", 0.2)
+    link = Link()
+    async with following(link) as (cache, _):
+        for n in range(16):
+            cache.add_pending("n1", lease_of(granted(f"l-{n}")))
+            link.events.put_nowait(pb.Event(seq=n + 1, kind="lease.admitted", lease_id=f"l-{n}"))
+            await asyncio.sleep(0.1)
+        assert len(link.asked) >= 1 + 6  # 1.6 s: at connect, then every 0.2 s or so
+
+
+async def test_a_hidden_lease_that_ends_is_asked_about_and_the_others_still_count() -> None:
+    """Without the observer role, another caller's leases come with no id, in answers and
+    events alike: the end of one of them says nothing of which, so the agent is asked."""
+    hidden = [granted("", pod_uid="u-1"), granted("", pod_uid="u-2")]
+    link = Answering(*hidden)
+    async with following(link) as (cache, entry):
+        assert len(cache.live_leases("n1")) == 2
+        link.leases = hidden[:1]
+        assert await settle(link, link.send("lease.released", "")) == 1
+        assert entry.ended == {}
+        assert sum(len(v.leases) for v in cache.views("n1") or []) == 1
+
+
+async def test_a_new_connection_forgets_what_the_last_one_heard() -> None:
+    """Its answer has it all (or the agent's state was wiped and its seqs began again)."""
+    link = Answering(granted("l-a"))
+    cache = AgentCache(lambda target: None)  # type: ignore[arg-type,return-value]
+    entry = cache.nodes["n1"] = NodeEntry("n1", "127.0.0.1:1")
+    entry.ended, entry.granted, entry.must_ask = {"l-a": 900}, {"l-b": "admitted"}, True
+    task = asyncio.create_task(cache._serve(entry, link))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.1)
+        assert (entry.ended, entry.granted) == ({}, {})
+        assert counted(cache) == {"l-a"}
+        assert link.asked == [True]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_grant_whose_end_came_first_is_not_counted() -> None:
+    """Evicted at once (a guaranteed Admit right after): the end event beat the answer."""
+    link = Answering()
+    async with following(link) as (cache, entry):
+        await settle(link, link.send("lease.evicted", "l-a"))
+        cache.add_pending("n1", lease_of(granted("l-a")))
+        assert "l-a" not in entry.pending and counted(cache) == set()
 
 
 class Answering(Link):

@@ -12,9 +12,10 @@ import pytest
 
 from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION
-from agent.kube.cache import NodeEntry
+from agent.kube.cache import AgentCache, NodeEntry
 from agent.kube.controller import LeaseController
 from agent.kube.port import KubeError, NotFound, Obj
+from agent.kube.views import lease_of
 
 NODE = "node-a"
 NOW = 1_000.0
@@ -170,6 +171,38 @@ async def test_the_watch_goes_on_while_an_ended_pod_is_settled() -> None:
     await _until(lambda: api.patches == ["p"])
     assert cache.the_link.released == ["L-p"]
     assert api.pods["p"]["metadata"]["finalizers"] == []
+
+
+def real_cache(*shown: pb.Lease) -> tuple[AgentCache, Link]:
+    """The cache itself, its agent's last answer ``shown``, no connection behind it."""
+    cache = AgentCache(lambda target: None)  # type: ignore[arg-type,return-value]
+    entry = cache.nodes[NODE] = NodeEntry(NODE, "127.0.0.1:9807")
+    entry.snapshot = pb.GetNodeResponse(leases=list(shown))
+    entry.link = link = Link()  # type: ignore[assignment]
+    return cache, link
+
+
+async def test_a_pod_that_ends_before_any_answer_showed_its_lease_gets_it_released() -> None:
+    """A pod that runs for a second: its lease is still the bind's, pending in the cache."""
+    ended = pod("p", node=NODE, lease="L-p", phase="Succeeded")
+    api = Api(ended)
+    cache, link = real_cache()
+    granted = lease("p", created_at=NOW)
+    granted.priority = "burstable"
+    cache.add_pending(NODE, lease_of(granted))
+    await controller(api, cache).handle(ended)  # type: ignore[arg-type]
+    await _until(lambda: api.patches == ["p"])
+    assert link.released == ["L-p"]
+
+
+@pytest.mark.parametrize("ended_since", [False, True], ids=["live", "its end came"])
+async def test_the_reconcile_releases_an_orphan_once(ended_since: bool) -> None:
+    api = Api()  # its pod is gone
+    cache, link = real_cache(lease("p"))
+    if ended_since:
+        cache.nodes[NODE].ended["L-p"] = 7  # released since the answer, by its pod's settling
+    assert await controller(api, cache).reconcile() == (0 if ended_since else 1)  # type: ignore[arg-type]
+    assert link.released == ([] if ended_since else ["L-p"])
 
 
 async def test_a_settling_that_gave_up_is_tried_again_by_the_reconcile() -> None:
