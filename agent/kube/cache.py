@@ -112,9 +112,7 @@ class AgentCache:
         entry = self.nodes.get(node)
         if entry is None or entry.snapshot is None or entry.link is None or entry.stale:
             return None
-        if entry.shown is None or entry.shown[0] is not entry.snapshot:
-            entry.shown = (entry.snapshot, [lease_of(x) for x in entry.snapshot.leases])
-        shown = entry.shown[1]
+        shown = _shown(entry)
         cached = entry.views
         if cached is None or cached[0] is not entry.snapshot or cached[1] != entry.pending_version:
             views = device_views(
@@ -156,15 +154,18 @@ class AgentCache:
             entry.pending[lease.lease_id] = lease
             entry.pending_version += 1
 
-    def live_leases(self, node: str) -> list[pb.Lease | Lease]:
-        """Every lease counted live on ``node``: the last answer's, less those ended since,
-        and the binds' not shown yet (pods' assumed placements aside)."""
+    def live_leases(self, node: str) -> list[Lease]:
+        """Every lease counted live on ``node``, each once: the last answer's, less those
+        ended since, and the binds' not shown yet (pods' assumed placements aside)."""
         entry = self.nodes.get(node)
         if entry is None or entry.snapshot is None:
             return []
-        assumed = {lease_id for _, lease_id, _ in self._assumed.values()}
-        shown = [x for x in entry.snapshot.leases if x.lease_id not in entry.ended]
-        return [*shown, *(x for x in entry.pending.values() if x.lease_id not in assumed)]
+        shown = _shown(entry)
+        skip = {x.lease_id for x in shown} | {lease_id for _, lease_id, _ in self._assumed.values()}
+        return [
+            *(x for x in shown if x.lease_id not in entry.ended),
+            *(x for x in entry.pending.values() if x.lease_id not in skip),
+        ]
 
     def assume(self, node: str, lease: Lease, *, until: float) -> None:
         """Count ``lease``, a pod's expected placement between its prioritize and its bind,
@@ -314,9 +315,10 @@ class AgentCache:
                     await entry.dirty.wait()
             await asyncio.sleep(COALESCE_S)
             entry.dirty.clear()
-            if time.monotonic() < asked + HEARTBEAT_S and _accounted(entry):
-                continue
+            accounted = time.monotonic() < asked + HEARTBEAT_S and _accounted(entry)
             entry.granted.clear()
+            if accounted:
+                continue
             entry.must_ask = False
             started = asked = time.monotonic()
             try:
@@ -350,8 +352,15 @@ def _accounted(entry: NodeEntry) -> bool:
         held = entry.pending.get(lease_id)
         if held is None or held.state.value != state:
             return False
-    entry.granted.clear()
     return True
+
+
+def _shown(entry: NodeEntry) -> list[Lease]:
+    """The last answer's leases, converted once per answer."""
+    assert entry.snapshot is not None
+    if entry.shown is None or entry.shown[0] is not entry.snapshot:
+        entry.shown = (entry.snapshot, [lease_of(x) for x in entry.snapshot.leases])
+    return entry.shown[1]
 
 
 def _remember(ids: dict[str, None], lease_id: str) -> None:

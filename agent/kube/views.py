@@ -65,8 +65,9 @@ def device_views(
     itself. ``shown``: the answer's leases already converted (the cache keeps them)."""
     by_device: dict[str, list[Lease]] = {d.uuid: [] for d in node.devices}
     seen = {x.lease_id for x in node.leases}
+    answered = map(lease_of, node.leases) if shown is None else shown
     for lease in [
-        *(x for x in (shown or map(lease_of, node.leases)) if x.lease_id not in ended),
+        *(x for x in answered if x.lease_id not in ended),
         *(x for x in extra if x.lease_id not in seen),
     ]:
         if without_request and pod_uid_of(lease.request_id) == without_request:

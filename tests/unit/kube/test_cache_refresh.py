@@ -318,3 +318,11 @@ async def test_a_pending_lease_that_ended_before_an_answer_showed_it_is_not_coun
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_a_lease_both_answered_and_pending_is_live_once() -> None:
+    """Between a connect's answer and the next one, a bind's lease may be in both."""
+    link = Answering(granted("l-a"))
+    async with following(link) as (cache, _):
+        cache.add_pending("n1", lease_of(granted("l-a")))
+        assert [x.lease_id for x in cache.live_leases("n1")] == ["l-a"]
