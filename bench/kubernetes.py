@@ -41,6 +41,19 @@ Measured in the same run:
   device), bound but never Running, whose lease was still live at the end, or still in the
   API server at the end (the finalizer never removed).
 
+With ``--faults SHARE`` (:mod:`bench.faults`), the stand-in API server answers that share
+of Bindings, pod patches (the finalizer's removal) and pod watches with a 5xx or a timeout
+that landed or did not, a 409, a 410 or a reset, and agents are SIGKILLed in the middle of
+binds (``--kill-agents``) and started again; ``gpushare kube serve`` gives an API request up
+after ``--api-timeout-s``. Reported beside the figures above:
+
+- ``running_without_lease``: pods the kubelet reported Running whose lease was not live on
+  their node in two ledger samples in a row (a pod evicted by a guaranteed one aside);
+- ``pods_never_started``: pods that were bound, exist, and never ran (the kubelet
+  rejecting a pod bound while its agent was away is ``rejected_agent_away``: the pod is
+  Failed, as a real kubelet leaves it, and its owner would make a new one);
+- ``faults``: what was injected, by kind and answer, and the agents killed.
+
 Harness shortcuts a real cluster does not have: pods are created, phased and deleted by
 writes straight into the stand-in API server's store (the same events its watchers see;
 ``--webhook`` sends each pod through the webhook and an HTTP create instead); the kubelets
@@ -51,6 +64,7 @@ same cores.
 
     python bench/kubernetes.py            # 16 nodes, 2,000 pods (a few minutes)
     python bench/kubernetes.py --small    # 4 nodes, 200 pods (the test's size)
+    python bench/kubernetes.py --small --faults 0.1 --kill-agents 3
 
 Progress goes to stderr; prints a table, then one JSON object on its last line.
 """
@@ -81,11 +95,20 @@ from agent.admission.policy import Rules  # noqa: E402
 from agent.client import AgentClient, Priority  # noqa: E402
 from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
 from bench.cpu import cpu_by_part, ms_per  # noqa: E402
+from bench.faults import Chaos, restart_later  # noqa: E402
 from bench.kube_scheduler_proc import RemoteScheduler  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
 from tests.kube.apiserver import ApiError, Obj  # noqa: E402
-from tests.kube.cluster import SHARE, LoopbackCluster, gpu_pod, loopback_cluster  # noqa: E402
+from tests.kube.cluster import (  # noqa: E402
+    SHARE,
+    LoopbackCluster,
+    eventually,
+    gpu_pod,
+    loopback_cluster,
+    wait_agent,
+)
 from tests.kube.scheduler import SchedulerStandIn  # noqa: E402
+from tests.kubelet.fake_kubelet import AdmissionRejected  # noqa: E402
 
 GIB = 2**30
 NAMESPACE = "bench"
@@ -129,6 +152,10 @@ class PodPlan:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: str = ""  # "" (ran and went) or why the pod is lost
     evicted: bool = False  # deleted by the lease controller: its agent evicted its lease
+    closing: bool = False  # the harness is ending it: its lease may go any moment
+    rejected: bool = False  # Failed by its kubelet: its agent was away at its admission
+    node: str = ""  # where the kubelet started it
+    lease_id: str = ""  # its lease annotation, as the kubelet saw it
 
     def manifest(self) -> Obj:
         pod = gpu_pod(
@@ -231,6 +258,9 @@ class Run:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     rules: Rules = field(default_factory=Rules)
+    chaos: Chaos | None = None
+    missing: Counter[str] = field(default_factory=Counter)  # pod -> samples in a row
+    without_lease: set[str] = field(default_factory=set)  # pods seen running without one
 
     # -- what the harness is told ----------------------------------------------------------
 
@@ -255,7 +285,10 @@ class Run:
         kubelets = self.cluster.kubelets
         assert kubelets is not None
         lease = (meta.get("annotations") or {}).get(LEASE_ANNOTATION, "")
+        plan.node, plan.lease_id = (pod.get("spec") or {}).get("nodeName", ""), lease
         outcome = kubelets.got.get((meta["namespace"], meta["name"], "main"))
+        if outcome is not None and isinstance(outcome.error, AdmissionRejected):
+            plan.rejected = True  # its agent was away: the pod is Failed, as it should be
         if outcome is not None and outcome.failed_at in ("PreStartContainer", "CreateContainer"):
             # the node's PodResources check (or the NRI plugin) found a mismatch: the
             # container never starts
@@ -320,11 +353,14 @@ class Run:
             if await self.lease_evicted(plan, wait_s=10.0):
                 await self.gone(plan)  # deleted by the controller: its owner would place it again
                 return
-            plan.outcome = f"not run ({plan.phase})"
+            if not plan.rejected:
+                plan.outcome = f"not run ({plan.phase})"
+            plan.closing = True  # a pod Failed at admission: its owner would make a new one
             api.delete_pod(NAMESPACE, plan.name, force=True)
             await self.gone(plan)
             return
         await asyncio.sleep(plan.run_s)
+        plan.closing = True
         if await self.lease_evicted(plan, wait_s=0.0):
             await self.gone(plan)
             return
@@ -342,11 +378,7 @@ class Run:
         lease (a guaranteed pod preempted it): an event LeaseEvicted on it."""
         deadline = time.monotonic() + wait_s
         while True:
-            events = self.cluster.api_server.events_for(plan.name, NAMESPACE)
-            if any(
-                e.get("reason") == "LeaseEvicted" and e["involvedObject"].get("uid") == plan.uid
-                for e in events
-            ):
+            if self.evicted_now(plan):
                 plan.evicted = True
                 return True
             if time.monotonic() >= deadline:
@@ -395,15 +427,17 @@ class Run:
             await asyncio.sleep(self.args.probe_s)
 
     async def sampler(self) -> None:
-        """Every agent's ledger, checked against its devices and the rules."""
+        """Every agent's ledger, checked against its devices and the rules, and against
+        the pods running on its node."""
         rules = self.rules
         while not self.stop.is_set():
             for name, client in self.clients.items():
                 try:
                     node = await client.get_node(ledger_only=True)
-                except grpc.aio.AioRpcError:  # a sample missed, not a finding
+                except grpc.aio.AioRpcError:  # a sample missed (an agent killed, say)
                     continue
                 self.samples += 1
+                self.check_running(name, {x.lease_id for x in node.leases})
                 memory = {d.uuid: d.memory_bytes for d in node.devices}
                 summed: Counter[str] = Counter()
                 for lease in node.leases:
@@ -424,6 +458,26 @@ class Run:
                     if entry.leases > rules.max_clients:
                         self.overcommit.append(f"{name}/{entry.device_uuid}: {entry.leases}")
             await asyncio.sleep(self.args.sample_s)
+
+    def check_running(self, node: str, live: set[str]) -> None:
+        """Pods running on ``node`` whose lease is not live there: seen in two samples in a
+        row (a lease may end a moment before its pod does), unless the pod was evicted."""
+        for plan in self.by_uid.values():
+            if plan.node != node or plan.phase != "Running" or plan.closing or plan.evicted:
+                continue
+            if plan.lease_id in live:
+                self.missing.pop(plan.name, None)
+                continue
+            self.missing[plan.name] += 1
+            if self.missing[plan.name] >= 2 and not self.evicted_now(plan):
+                self.without_lease.add(plan.name)
+
+    def evicted_now(self, plan: PodPlan) -> bool:
+        events = self.cluster.api_server.events_for(plan.name, NAMESPACE)
+        return any(
+            e.get("reason") == "LeaseEvicted" and e["involvedObject"].get("uid") == plan.uid
+            for e in events
+        )
 
     async def progress(self) -> None:
         started = time.monotonic()
@@ -461,15 +515,17 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         agent_args=AGENT_ARGS,
         start_timeout_s=30.0 * args.nodes,  # 16 agents starting at once on 2 cores
         nri=args.injector == "nri",
+        api_timeout_s=args.api_timeout_s,
     ) as (cluster, _):
         assert cluster.kubelets is not None
+        chaos = _chaos(args, cluster) if args.faults or args.kill_agents else None
         scheduler = (TimedScheduler if args.scheduler == "inline" else RemoteScheduler)(
             cluster.api_server.url,
             cluster.extender_url,
             list(cluster.nodes),
             token=cluster.api_server.token,
         )
-        bench = Run(args, cluster, scheduler, units)
+        bench = Run(args, cluster, scheduler, units, chaos=chaos)
         scheduler.on_bound = bench.on_bound
         cluster.kubelets.on_started = bench.on_started
         for name, node in cluster.nodes.items():
@@ -482,6 +538,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             tasks.add(task)
 
         print(f"{args.nodes} nodes up; {args.pods} pods to go", file=sys.stderr, flush=True)
+        cluster.api_server.chaos = chaos
         await scheduler.__aenter__()
         beside = [
             asyncio.create_task(
@@ -498,7 +555,9 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             done_at = time.monotonic()
             bench.cpu_ms_per_pod = ms_per(cpu_before, cpu_by_part(part_of), args.pods)
             bench.stop.set()  # the probe's own leases end with it
+            cluster.api_server.chaos = None  # the count at the end is not faulted
             await asyncio.gather(*beside[1:3], return_exceptions=True)  # probe, sampler
+            await _agents_back(cluster)
             options = cluster.options()  # the same intervals in both kinds of cluster side
             await asyncio.sleep(2 * (options.lease_grace_s + options.reconcile_interval_s))
             leases = await bench.live_leases()
@@ -512,6 +571,42 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             for client in bench.clients.values():
                 await client.__aexit__(None, None, None)
     return summarize(bench, units, leases, left, done_at, load_before)
+
+
+def _chaos(args: argparse.Namespace, cluster: LoopbackCluster) -> Chaos:
+    """The API faults and agent kills of ``--faults`` and ``--kill-agents``."""
+    restarts: set[asyncio.Task[None]] = set()
+
+    def kill(node_name: str) -> bool:
+        node = cluster.nodes.get(node_name)
+        if (
+            node is None
+            or node.process is None
+            or any(n.process is None for n in cluster.nodes.values())
+        ):
+            return False  # one agent away at a time
+        node.kill()
+        print(f"killed the agent of {node_name} mid-bind", file=sys.stderr, flush=True)
+        task = asyncio.create_task(restart_later(node.start, args.restart_after_s))
+        restarts.add(task)
+        task.add_done_callback(restarts.discard)
+        return True
+
+    return Chaos(
+        args.faults,
+        random.Random(args.seed + 1),
+        kill=kill,
+        kill_every_s=args.kill_every_s,
+        kills_left=args.kill_agents,
+    )
+
+
+async def _agents_back(cluster: LoopbackCluster) -> None:
+    """Until every agent killed in the run is up again and registered with its kubelet."""
+    for node in cluster.nodes.values():
+        await eventually(lambda node=node: node.process is not None, 60.0)  # type: ignore[misc]
+        await wait_agent(node, cluster.agent_token)
+        await eventually(node.kubelet.healthy, 60.0)
 
 
 async def _unless_ended(beside: asyncio.Task[None], work: Any) -> None:
@@ -553,6 +648,9 @@ def summarize(
         if plan.name in left:
             plan.outcome = plan.outcome or "stuck with the finalizer"
     lost = [p for p in plans if p.outcome]
+    never_started = [
+        p for p in plans if p.bound.is_set() and p.outcome.startswith("not run") and not p.rejected
+    ]
     gangs = [unit for unit in units if unit[0].gang]
     partial = [u for u in gangs if 0 < sum(p.bound.is_set() for p in u) < len(u)]
     bound = sum(p.bound.is_set() for p in plans)
@@ -586,21 +684,34 @@ def summarize(
         "mismatches_refused": len(bench.refused),
         "refused_why": [x[:200] for x in bench.refused[:3]],
         "overcommit": len(bench.overcommit),
+        "running_without_lease": len(bench.without_lease),
+        "pods_never_started": len(never_started),
+        "rejected_agent_away": sum(p.rejected for p in plans),
         "lost": len(lost),
         "lost_why": dict(Counter(p.outcome for p in lost)),
         # from the first create to the last pod gone; inline parts count as the harness
         "cpu_ms_per_pod": bench.cpu_ms_per_pod,
         "cores_busy": round(cpu_s_all / (done_at - bench.first_create), 2),
     }
+    if bench.chaos is not None:
+        result["faults"] = bench.chaos.report()
     result["targets"] = {
         "correct": all(
             result[k] == 0
-            for k in ("leases_leaked", "wrong_lease_injections", "overcommit", "lost")
+            for k in (
+                "leases_leaked",
+                "wrong_lease_injections",
+                "overcommit",
+                "running_without_lease",
+                "pods_never_started",
+                "lost",
+            )
         ),
         "bind_within_3x_admit": result["bind_p50_ms"] <= 3 * result["admit_p50_ms"],
         "pods_per_s_at_least_50": result["pods_per_s"] >= 50,
     }
-    for line in (bench.wrong + bench.refused + bench.overcommit)[:10]:
+    running = sorted(bench.without_lease)
+    for line in (bench.wrong + bench.refused + bench.overcommit + running)[:10]:
         print(f"finding: {line}", file=sys.stderr)
     return result
 
@@ -651,6 +762,24 @@ def main() -> None:
         help="the scheduler stand-in in the harness's event loop (the default), or in a "
         "process of its own, as kube-scheduler runs",
     )
+    parser.add_argument(
+        "--faults",
+        type=float,
+        default=0.0,
+        help="share of Bindings, pod patches and pod watches the API server answers with a "
+        "fault (0: none; see bench/faults.py)",
+    )
+    parser.add_argument("--kill-agents", type=int, default=0, help="agents SIGKILLed mid-bind (0)")
+    parser.add_argument("--kill-every-s", type=float, default=10.0, help="between kills (10)")
+    parser.add_argument(
+        "--restart-after-s", type=float, default=2.0, help="a killed agent starts again (2)"
+    )
+    parser.add_argument(
+        "--api-timeout-s",
+        type=float,
+        default=None,
+        help="gpushare kube serve's API request timeout (its default 30; 3 with --faults)",
+    )
     parser.add_argument("--progress-s", type=float, default=5.0)
     parser.add_argument("--webhook", action="store_true", help="create through the webhook")
     parser.add_argument("--seed", type=int, default=1)
@@ -658,6 +787,8 @@ def main() -> None:
     size = SMALL if args.small else FULL
     args.nodes = args.nodes or size["nodes"]
     args.pods = args.pods or size["pods"]
+    if args.api_timeout_s is None:
+        args.api_timeout_s = 3.0 if args.faults else 30.0
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     with short_dir() as root:
         result = asyncio.run(run(args, root))

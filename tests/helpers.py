@@ -43,6 +43,19 @@ def sim_settings(root: Path, **overrides: object) -> Settings:
     return load_settings(overrides=values)
 
 
+def fake_ports(gpus: int = 2) -> Ports:
+    """A simulated node's ports: ``gpus`` fake GPUs, fake MPS and telemetry."""
+    from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
+    from agent.mps.fake import FakeMpsManager
+
+    return Ports(
+        gpu=FakeGpuBackend.with_gpus(gpus),
+        mps=FakeMpsManager(),
+        telemetry=[FakeTelemetrySource()],
+        simulated=True,
+    )
+
+
 @contextlib.asynccontextmanager
 async def running_app(
     settings: Settings, ports: Ports | None = None, *, clock: Callable[[], float] = time.time

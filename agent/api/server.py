@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.api.auth import ReloadableTls, TokenHolder, TokenInterceptor, reload_all
 from agent.api.grpc_server import MAX_MESSAGE_BYTES, SERVICE_NAME, AgentService
+from agent.api.peerlog import quiet_peer_gone
 from agent.api.registration import add_agent_service
 from agent.core.errors import GpushareError
 
@@ -44,6 +45,7 @@ class GrpcServer:
         self.port: int | None = None
 
     async def start(self) -> None:
+        quiet_peer_gone()
         interceptors = [TokenInterceptor(self._token)] if self._token else []
         server = grpc.aio.server(
             interceptors=interceptors,

@@ -209,11 +209,13 @@ def memory(message: pb.Request, field: str) -> int:
         value = message.memory_bytes
     else:
         raise ValidationError(f"{field}.memory_bytes", "is required (or sizing)")
+    # the refusal names what the caller sent: the sizing, or memory_bytes
+    sent, what = (f"{field}.sizing", "sizes") if has_sizing else (f"{field}.memory_bytes", "is")
     if value > MAX_MEMORY_BYTES:
-        raise ValidationError(f"{field}.memory_bytes", "is larger than any device")
+        raise ValidationError(sent, f"{what} {value} bytes, larger than any device")
     if value < MIN_MEMORY_BYTES:
         raise ValidationError(
-            f"{field}.memory_bytes", "must be at least 1 MiB (the smallest limit MPS can express)"
+            sent, f"{what} {value} bytes; at least 1 MiB (the smallest limit MPS can express)"
         )
     return value
 

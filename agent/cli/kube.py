@@ -142,6 +142,18 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> floa
     120.0,
     "How long a gang's members may take to all be reserved before it is aborted.",
 )
+@seconds_option(
+    "--bind-resolve-s",
+    10.0,
+    "How long a pod whose Binding's answer was lost (a 5xx, a timeout, a broken connection) "
+    "is read back before its lease is kept for the pod's next try.",
+)
+@seconds_option(
+    "--api-timeout-s",
+    30.0,
+    "How long one request to the API server may take before its answer is given up "
+    "(a watch: how long it may stay silent past its own timeout).",
+)
 @seconds_option("--discovery-interval-s", 10.0, "How often the agents' EndpointSlices are read.")
 @seconds_option(
     "--node-state-interval-s",
@@ -218,7 +230,11 @@ def kube_serve(**options: Any) -> None:
         reconcile_interval_s=options["reconcile_interval_s"],
         node_state_interval_s=options["node_state_interval_s"],
         lease_grace_s=options["lease_grace_s"],
-        bind=BindOptions(hold_s=options["hold_s"], gang_ttl_s=options["gang_ttl_s"]),
+        bind=BindOptions(
+            hold_s=options["hold_s"],
+            gang_ttl_s=options["gang_ttl_s"],
+            resolve_s=options["bind_resolve_s"],
+        ),
         leader=_leader(options),
     )
     try:
@@ -265,10 +281,13 @@ def _leader(options: dict[str, Any]) -> Any:
 def _api(options: dict[str, Any]) -> Any:
     from agent.kube.rest import RestKubeApi
 
+    timeout_s = options["api_timeout_s"]
     if not options["api_server"]:
-        return RestKubeApi.in_cluster()
+        return RestKubeApi.in_cluster(timeout_s=timeout_s)
     token = Path(options["api_token_file"]).read_text() if options["api_token_file"] else ""
-    return RestKubeApi.from_url(options["api_server"], token=token, ca_file=options["api_ca"])
+    return RestKubeApi.from_url(
+        options["api_server"], token=token, ca_file=options["api_ca"], timeout_s=timeout_s
+    )
 
 
 async def _serve(options: dict[str, Any], cluster: Any) -> None:

@@ -11,10 +11,12 @@ best-effort; burstable if unset), ``gpushare.io/gang`` with ``gpushare.io/gang-s
   ``Ki Mi Gi Ti Pi Ei``, ``k M G T P E`` and exponents (``1e9``) mean what they mean in
   ``resources.limits.memory`` (``20G`` is 20 * 10^9 bytes, not 20 GiB); the agent's own
   ``20GiB`` and ``20GB`` are read too, ``m`` (milli) is refused; fractions round down.
-* ``gpushare.io/sizing`` is a YAML or JSON object with ``parameters`` and ``mode`` (and, for
-  inference, ``dtype``, ``layers``, ``kv_heads``, ``head_dim``, ``context_length``,
-  ``concurrent_sequences``), the agent's Sizing message; :func:`agent.admission.sizing.size`
-  makes the memory of it.
+  Numbers are written in ASCII digits, as Kubernetes reads them (Python's ``int``,
+  ``float`` and ``Decimal`` would read Arabic-Indic or full-width digits as well: they are
+  never handed any).
+* ``gpushare.io/sizing`` is a YAML or JSON object of at most 1024 characters, the agent's
+  Sizing message (:mod:`agent.kube.sizing_annotation`);
+  :func:`agent.admission.sizing.size` makes the memory of it.
 * A gang is ``gpushare.io/gang`` (the agent's identifier rule: letters, digits and
   ``._:/@+=-``) with ``gpushare.io/gang-size``, a whole number from 1 to
   :data:`MAX_GANG_SIZE`; neither comes alone. A gang of one is allowed: it is trivially all
@@ -30,7 +32,9 @@ best-effort; burstable if unset), ``gpushare.io/gang`` with ``gpushare.io/gang-s
   it after the mutating webhooks), so ``request_id`` may be empty in the webhook; the
   scheduler extender and the binder always see it.
 
-Every refusal is an :class:`AnnotationError` naming the annotation and the reason.
+Every refusal is an :class:`AnnotationError` naming the annotation and the reason; a value
+it repeats is cut and quoted (:func:`agent.kube.bounded.shown`), so a long number or a
+nested value is never echoed in full.
 """
 
 from __future__ import annotations
@@ -39,15 +43,21 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
-import yaml
-
-from agent.admission.sizing import Mode, SizingSpec, size
+from agent.admission.sizing import SizingSpec
 from agent.core.errors import UnitError, ValidationError
 from agent.core.types import PriorityClass
 from agent.core.units import parse_bytes
+from agent.kube.bounded import shown
+from agent.kube.sizing_annotation import (
+    ASCII_NUMBER,
+    SPACES,
+    SizingError,
+    parse_sizing,
+    sized_bytes,
+)
 from agent.kubelet.port import LEASE_ANNOTATION  # the lease id, set by the binder
 
 PREFIX = "gpushare.io/"
@@ -81,7 +91,7 @@ MAX_IDENTIFIER = 128
 _IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]+$")
 MAX_VALUE = 64  # characters of a scalar annotation (memory, threads, priority, gang-size)
 MAX_SIZING = 1024  # characters of gpushare.io/sizing
-MAX_SHOWN = 40  # characters of a value repeated in a message
+MAX_SHARE_UNITS = 999_999  # gpushare.io/share of one container, read (one is allowed)
 CONTAINER_KINDS = ("initContainers", "containers")
 _LIMITS = {SIZING_ANNOTATION: MAX_SIZING, GANG_ANNOTATION: MAX_IDENTIFIER}
 
@@ -116,12 +126,6 @@ def mapping(value: object) -> Mapping[str, Any]:
 def sequence(value: object) -> list[Any]:
     """``value`` if it is a JSON array, else an empty one."""
     return value if isinstance(value, list) else []
-
-
-def shown(value: object) -> str:
-    """A caller's value for a message: cut short and repr-quoted (nothing printed raw)."""
-    text = value if isinstance(value, str) else str(value)
-    return repr(text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "…")
 
 
 def containers(
@@ -194,21 +198,26 @@ def _annotations(meta: Mapping[str, Any]) -> dict[str, str]:
 
 # -- memory ------------------------------------------------------------------------------
 
+# ASCII digits only (re.ASCII: \d is [0-9]), as Kubernetes' quantity grammar has them
 _QUANTITY_RE = re.compile(
-    r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?P<suffix>[eE][+-]?\d{1,3}|[KMGTPE]i|[kMGTPEm])?"
+    r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?P<suffix>[eE][+-]?\d{1,3}|[KMGTPE]i|[kMGTPEm])?",
+    re.ASCII,
 )
 _SCALE = {
     "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
 }  # fmt: skip
-_AGENT_SPELLING_RE = re.compile(r"^\s*[\d.]+\s*[kKmMgGtT]?i?[bB]\s*$")  # 20GiB, 20GB, 100b
+_AGENT_SPELLING_RE = re.compile(r"^[\d.]+[ \t]*[kKmMgGtT]?i?[bB]$", re.ASCII)  # 20GiB, 100b
 EXAMPLES = "examples: 20Gi, 512Mi, 1.5Gi, 20G, 20GiB"
 
 
 def parse_quantity(text: str) -> int:
     """Bytes of a Kubernetes quantity (``20Gi``, ``512Mi``, ``20G``, ``1.5Gi``, ``1e9``) or
-    of the agent's spelling (``20GiB``, ``20GB``), rounded down; :class:`UnitError` else."""
-    value = text.strip()
+    of the agent's spelling (``20GiB``, ``20GB``), rounded down; :class:`UnitError` else.
+    ASCII digits only, at most :data:`MAX_VALUE` characters."""
+    if len(text) > MAX_VALUE:
+        raise UnitError(f"{shown(text)} is longer than {MAX_VALUE} characters")
+    value = text.strip(SPACES)
     match = _QUANTITY_RE.fullmatch(value)
     if match is None:
         if _AGENT_SPELLING_RE.match(value):
@@ -229,8 +238,11 @@ def _memory(annotations: Mapping[str, str]) -> tuple[int, SizingSpec | None]:
     if memory is not None and sizing is not None:
         raise AnnotationError(MEMORY_ANNOTATION, f"give it or {SIZING_ANNOTATION}, not both")
     if sizing is not None:
-        spec = parse_sizing(sizing)
-        return _bounded(SIZING_ANNOTATION, _sized(spec), "sizes to"), spec
+        try:
+            spec = parse_sizing(sizing)
+            return _bounded(SIZING_ANNOTATION, sized_bytes(spec), "sizes to"), spec
+        except SizingError as exc:
+            raise AnnotationError(SIZING_ANNOTATION, str(exc)) from None
     if memory is None:
         reason = f"is required (or {SIZING_ANNOTATION}): the device memory to hold"
         raise AnnotationError(MEMORY_ANNOTATION, reason)
@@ -244,81 +256,13 @@ def _bounded(field: str, value: int, verb: str) -> int:
     if value < MIN_MEMORY_BYTES:
         raise AnnotationError(field, f"{verb} {value} bytes, under 1 MiB (the least MPS can set)")
     if value > MAX_MEMORY_BYTES:
-        raise AnnotationError(field, f"{verb} {value} bytes, over 1 PiB (larger than any GPU)")
+        figure = f"{value} bytes" if value < 10**21 else "more than 10^21 bytes"
+        raise AnnotationError(field, f"{verb} {figure}, over 1 PiB (larger than any GPU)")
     return value
-
-
-# -- sizing ------------------------------------------------------------------------------
-
-_UINT32 = ("layers", "kv_heads", "head_dim", "context_length", "concurrent_sequences")
-# field -> its largest value (the widths of the Sizing message's integers)
-_SIZING_COUNTS = {"parameters": 2**64 - 1, **dict.fromkeys(_UINT32, 2**32 - 1)}
-_SIZING_FIELDS = frozenset({*_SIZING_COUNTS, "mode", "dtype"})
-_MODES = tuple(m.value for m in Mode)
-SIZING_EXAMPLE = "{parameters: 7e9, mode: inference, layers: 32, ...}"
-
-
-def parse_sizing(text: str) -> SizingSpec:
-    """The ``gpushare.io/sizing`` object as a :class:`SizingSpec`."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or "unreadable"
-        raise AnnotationError(SIZING_ANNOTATION, f"is not YAML or JSON: {problem}") from None
-    if not isinstance(data, dict):
-        raise AnnotationError(SIZING_ANNOTATION, f"must be an object like {SIZING_EXAMPLE}")
-    unknown = sorted(str(k) for k in data if k not in _SIZING_FIELDS)
-    if unknown:
-        known = ", ".join(sorted(_SIZING_FIELDS))
-        raise AnnotationError(SIZING_ANNOTATION, f"unknown field {shown(unknown[0])} ({known})")
-    for name in ("parameters", "mode"):
-        if data.get(name) is None:
-            raise AnnotationError(SIZING_ANNOTATION, f"{name} is required ({SIZING_EXAMPLE})")
-    if data["mode"] not in _MODES:
-        raise AnnotationError(SIZING_ANNOTATION, f"mode must be {' or '.join(_MODES)}")
-    dtype = data.get("dtype", "bf16")
-    if not isinstance(dtype, str):
-        raise AnnotationError(SIZING_ANNOTATION, f"dtype must be a string (got {shown(dtype)})")
-    n = {name: _count(data.get(name, 0), name, high) for name, high in _SIZING_COUNTS.items()}
-    return SizingSpec(
-        n["parameters"], Mode(data["mode"]), dtype, n["layers"], n["kv_heads"],
-        n["head_dim"], n["context_length"], n["concurrent_sequences"] or 1,  # 0: 1, as the agent
-    )  # fmt: skip
-
-
-def _count(value: object, name: str, high: int) -> int:
-    """A whole number in [0, high]: an integer, an integral float, or a number as a string
-    (YAML 1.1 reads ``7e9`` as a string)."""
-    number: Decimal | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        number = Decimal(value)
-    elif isinstance(value, str) and len(value) <= MAX_VALUE:
-        try:
-            number = Decimal(value.strip())
-        except InvalidOperation:
-            number = None
-    if (
-        number is None
-        or not number.is_finite()
-        or number != number.to_integral_value()
-        or not 0 <= number <= high
-    ):
-        reason = f"{name} must be a whole number from 0 to {high} (got {shown(value)})"
-        raise AnnotationError(SIZING_ANNOTATION, reason)
-    return int(number)
-
-
-def _sized(spec: SizingSpec) -> int:
-    try:
-        return size(spec).total_bytes
-    except ValidationError as exc:
-        reason = str(exc).split(": ", 1)[-1]
-        raise AnnotationError(SIZING_ANNOTATION, f"{exc.field} {reason}") from None
 
 
 # -- threads, priority, gang, shares -----------------------------------------------------
 
-_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?")
 _PRIORITIES = {p.value: p for p in PriorityClass}
 
 
@@ -326,7 +270,8 @@ def _threads(value: str | None) -> float:
     if value is None:
         reason = "is required: the active-thread percentage, a number in (0, 100]"
         raise AnnotationError(THREADS_ANNOTATION, reason)
-    number = float(value) if _NUMBER_RE.fullmatch(value.strip()) else math.nan
+    text = value.strip(SPACES)
+    number = float(text) if ASCII_NUMBER.fullmatch(text) else math.nan
     if not math.isfinite(number) or not 0.0 < number <= 100.0:
         reason = f"must be a number in (0, 100] (got {shown(value)})"
         raise AnnotationError(THREADS_ANNOTATION, reason)
@@ -374,8 +319,9 @@ def _gang(annotations: Mapping[str, str], namespace: str) -> tuple[str, int]:
 
 
 def share_count(value: object, where: str) -> int:
-    """A container's ``gpushare.io/share`` as a whole number of units."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    """A container's ``gpushare.io/share`` as a whole number of units (at most
+    :data:`MAX_SHARE_UNITS` are read; a pod may ask for one)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SHARE_UNITS:
         return value
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 6:
         return int(value)

@@ -1,8 +1,27 @@
 """The extender's bind: the node's agent decides (``Admit``, or ``Reserve`` then
 ``Commit`` for a gang, with the pod UID as request id), then the pod is bound with its
 lease as an annotation of the Binding (the API server copies a Binding's annotations onto
-the pod, so the lease and the node are set in one write). Any failure gives back what was
+the pod, so the lease and the node are set in one write). A failure gives back what was
 taken (``Release``, ``Abort``) and leaves the pod unbound, so the scheduler tries again.
+
+A bind runs in a task of its own: a caller that goes away (the scheduler closed the
+connection, the handler was cancelled) leaves it to end as it would have, bound or given
+back, never half way. Binds of one pod run one at a time; one sent again meanwhile waits
+for the first, then reads the pod afresh. :meth:`Binder.aclose` lets a Binding in flight
+end first.
+
+A Binding whose answer is not sure (a 5xx, a timeout, a broken connection, a 409) is
+resolved by reading the pod back (:mod:`agent.kube.binding`). Bound to the node with this
+lease, the bind is done; not bound, the lease is given back. Unknown (the pod could not be
+read back), nothing is guessed: the lease is kept, the bind answers why, and the pod's
+next try takes the same lease (same request id) or, bound elsewhere, gives it back. Left
+alone (``kube serve`` stops), the lease controller's reconcile keeps it while the pod lives
+unbound or bound with it, and releases it once the pod is gone or bound elsewhere.
+
+A member of a gang committed before (:mod:`agent.kube.gangs`), bound again after its
+Binding failed, gets its committed lease back (``Reserve``, same request id) or, that one
+given back, a new reservation committed on its own; it takes a turn ahead of the pods
+waiting.
 
 The kubelet's ``Allocate`` does not say which pod it is for; the agent pairs each with the
 oldest lease of a pod not yet allocated. So each node has a line: a pod is admitted and
@@ -21,25 +40,41 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
 
 from agent.api.proto import agent_pb2 as pb
-from agent.core.lease import ENDED_REQUEST_ID_HINT
+from agent.core.lease import LeaseState
+from agent.kube import binding
+from agent.kube.agents import AgentLink
 from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
+from agent.kube.binding import Outcome
 from agent.kube.cache import AgentCache
-from agent.kube.line import Line, Turn, until_either
-from agent.kube.port import Conflict, KubeApi, KubeError, NotFound, Obj
+from agent.kube.calls import (
+    BindError,
+    agent_call,
+    ended_request_id,
+    give_back,
+    link_closed_fails,
+    refused_by,
+    unbroken,
+)
+from agent.kube.gangs import Gangs
+from agent.kube.line import Lines, Turn
+from agent.kube.port import KubeApi, KubeError, NotFound, Obj, annotations_of
 from agent.kube.views import lease_of, pod_request_id, request_fields
 from agent.kubelet.port import LEASE_ANNOTATION
+
+__all__ = ["BindError", "BindOptions", "Binder"]
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_IDS = 8  # request ids tried in one bind
-ATTEMPTS_KEPT = 10_000
+ATTEMPTS_KEPT = 10_000  # per-pod memories (request id attempts, kept leases)
 
 # the pod of this UID as an informer last saw it, or None (then it is read from the API)
 PodLookup = Callable[[str], Obj | None]
@@ -49,22 +84,18 @@ PodLookup = Callable[[str], Obj | None]
 class BindOptions:
     hold_s: float = 30.0  # how long a bound pod may take to be allocated by its kubelet
     gang_ttl_s: float = 120.0  # how long a gang's members may take to all be reserved
+    # how long a pod whose Binding's outcome is unknown is read back before its lease is
+    # kept for its next try
+    resolve_s: float = 10.0
 
 
-@dataclass
-class Gang:
-    key: str
-    size: int
-    deadline: float
-    members: dict[str, tuple[str, pb.Lease]] = field(default_factory=dict)  # uid -> node, lease
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    failed: str = ""
-    # after the commit: each member's place in its node's line, by lease id
-    turns: dict[str, Turn] = field(default_factory=dict)
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A lease kept for a pod's next try: its Binding's outcome was not known."""
 
-
-class BindError(Exception):
-    """Why a pod was not bound (the sentence the scheduler shows)."""
+    node: str
+    lease_id: str
+    turn: Turn
 
 
 class Binder:
@@ -81,26 +112,63 @@ class Binder:
         self._cache = cache
         self._options = options
         self._pods = pods
-        self._clock = clock
-        self._lines: dict[str, Line] = {}
-        self._gangs: dict[str, Gang] = {}
+        self._lines = Lines(cache, hold_s=options.hold_s, clock=clock)
+        self._gangs = Gangs(cache, self._lines, ttl_s=options.gang_ttl_s, clock=clock)
         self._attempts: dict[str, int] = {}  # pod uid -> its request id's attempt, newest last
+        self._kept: dict[str, Kept] = {}  # pod uid -> a lease kept for its next try
+        self.in_flight: dict[str, asyncio.Task[str]] = {}  # pod -> its bind in progress
+        self._closed = False
         self.queued: Counter[str] = Counter()  # node -> binds to it in progress or waiting
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """Bind the pod to ``node`` under a lease; "" on success, else why not."""
-        kept = None
+        """Bind the pod to ``node`` under a lease; "" on success, else why not. The bind
+        runs in a task the caller's cancellation does not reach; one of the same pod
+        still running is waited for first."""
+        key = uid or f"{namespace}/{name}"
+        again = False
+        while (running := self.in_flight.get(key)) is not None:
+            again = True
+            await asyncio.wait([running])
+        if self._closed:
+            return f"pod {namespace}/{name} not bound: the extender is stopping"
+        task = asyncio.create_task(
+            self._bind(namespace, name, uid, node, fresh=again), name=f"bind-{namespace}/{name}"
+        )
+        self.in_flight[key] = task
+        task.add_done_callback(partial(self._bind_ended, key))
+        return await asyncio.shield(task)
+
+    def _bind_ended(self, key: str, task: asyncio.Task[str]) -> None:
+        if self.in_flight.get(key) is task:
+            del self.in_flight[key]
+        if not task.cancelled() and (failure := task.exception()) is not None:
+            log.error("bind of %s failed", key, exc_info=failure)
+
+    async def aclose(self) -> None:
+        """Stop the binds in progress. A Binding in flight ends first (bound, or its
+        lease given back); the others stop where they are, and what an agent granted them
+        is the pod's next try's (the same request id gets it back) or ends on its own (a
+        gang's reservations, at their TTL)."""
+        self._closed = True
+        tasks = list(self.in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _bind(self, namespace: str, name: str, uid: str, node: str, *, fresh: bool) -> str:
+        assumed = None
         try:
-            pod = await self._pod(namespace, name, uid)
+            pod = await self._pod(namespace, name, uid, fresh=fresh or uid in self._kept)
             if uid and pod["metadata"].get("uid") != uid:
                 return f"pod {namespace}/{name} is not the one scheduled (uid changed)"
             if bound := (pod.get("spec") or {}).get("nodeName"):
                 # a bind sent again (its answer lost, or from a stale view of the pod): the
                 # pod's lease is granted and in use; asking again, annotating or giving back
                 # would touch it
+                await self._settle_kept(uid, (bound, annotations_of(pod).get(LEASE_ANNOTATION, "")))
                 return "" if bound == node else f"pod {namespace}/{name} is bound to {bound}"
             ask = parse_ask(pod)
-            kept = self._cache.keep_assumed(uid, node)  # counted while it waits its turn
+            assumed = self._cache.keep_assumed(uid, node)  # counted while it waits its turn
             with self._queued(node):
                 if ask.gang_id:
                     await self._bind_gang_member(pod, ask, node)
@@ -110,16 +178,21 @@ class Binder:
             log.info("bind %s/%s on %s: %s", namespace, name, node, exc)
             return str(exc)
         except NotFound:
+            await self._settle_kept(uid, None)
             return f"pod {namespace}/{name} is gone"
+        except KubeError as exc:
+            return f"pod {namespace}/{name} not read: {exc}"
         finally:  # its expected placement counted until now (the lease, if any, from now)
-            if kept is not None:
-                self._cache.forget_assumed(uid, only=kept)
+            if assumed is not None:
+                self._cache.forget_assumed(uid, only=assumed)
         return ""
 
-    async def _pod(self, namespace: str, name: str, uid: str) -> Obj:
-        """The pod as the informer has it (no read per bind), else as the API has it. A
-        stale view is safe: a pod bound meanwhile makes the Binding a 409, handled there."""
-        known = self._pods(uid) if self._pods is not None and uid else None
+    async def _pod(self, namespace: str, name: str, uid: str, *, fresh: bool = False) -> Obj:
+        """The pod as the informer has it (no read per bind), else, or when ``fresh``
+        (a bind of it ran just before, whose write the informer may not show yet), as the
+        API has it. A stale view is safe: a pod bound meanwhile makes the Binding a 409,
+        resolved there."""
+        known = self._pods(uid) if self._pods is not None and uid and not fresh else None
         meta = (known or {}).get("metadata") or {}
         if known is not None and (meta.get("namespace"), meta.get("name")) == (namespace, name):
             return known
@@ -130,8 +203,12 @@ class Binder:
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
         link = self._link(node)
         fields = request_fields(pod, ask)
-        [turn] = self._new_turns(node, 1)
-        async with self._turn_taken(node, turn):
+        kept = self._kept.get(pod["metadata"]["uid"])
+        if kept is not None and kept.node == node:  # its lease is the one kept
+            turn = self._rejoin(pod["metadata"]["uid"], node)
+        else:
+            [turn] = self._lines.new_turns(node, 1)
+        async with self._lines.taken(node, turn):
             answer = await self._granted(
                 node,
                 pod,
@@ -152,99 +229,71 @@ class Binder:
         undo: Callable[[], Any],
     ) -> None:
         """Bind (the pod before this one in the line is done) with the lease as the
-        Binding's annotation; on any failure give the lease back and say why. The turn
-        ends in every case, after the lease is given back: until then the agent may still
-        hand it to the kubelet."""
+        Binding's annotation, to its end even if this bind is cancelled meanwhile."""
+        await unbroken(self._placing(pod, node, lease, (turn, undo)))
+
+    async def _placing(
+        self, pod: Obj, node: str, lease: pb.Lease, ending: tuple[Turn, Callable[[], Any]]
+    ) -> None:
+        """Bind, and resolve an answer that says nothing sure: bound, the lease stays;
+        not bound, it is given back; unknown, it is kept for the pod's next try. The turn
+        ends in every case, after the lease is given back (until then the agent may still
+        hand it to the kubelet), with the lease if the pod is or may be bound."""
+        turn, undo = ending
         self._cache.add_pending(node, lease_of(lease))
         meta = pod["metadata"]
-        bound_with = ""
+        ended_with = ""
         try:
-            await self._api.bind_pod(
-                meta["namespace"],
-                meta["name"],
-                meta["uid"],
-                node,
-                annotations={LEASE_ANNOTATION: lease.lease_id},
+            outcome, why = await binding.bind(
+                self._api, meta, node, lease.lease_id, resolve_s=self._options.resolve_s
             )
-            bound_with = lease.lease_id
-        except Conflict as exc:
-            if not await self._bound_already(meta, node):
-                await self._give_back(node, lease, undo)
-                raise BindError(f"binding to {node} failed: {exc}") from exc
-        except KubeError as exc:
-            await self._give_back(node, lease, undo)
-            raise BindError(f"binding to {node} failed: {exc}") from exc
-        finally:
-            self._line(node).end(turn, bound_with, self._clock())
-
-    async def _bound_already(self, meta: Obj, node: str) -> bool:
-        """After a 409: the pod was bound to ``node`` already (a bind sent again, seen
-        unbound by a stale view), so its lease is in use and stays."""
-        try:
-            pod = await self._api.get_pod(meta["namespace"], meta["name"])
-        except KubeError:
-            return False
-        same = pod["metadata"].get("uid") == meta["uid"]
-        return same and (pod.get("spec") or {}).get("nodeName") == node
-
-    async def _give_back(self, node: str, lease: pb.Lease, undo: Callable[[], Any]) -> None:
-        self._cache.drop_pending(node, lease.lease_id)
-        try:
-            await undo()
-        except grpc.aio.AioRpcError as exc:  # the controller's reconcile ends it
-            log.warning("lease %s not given back after a failed bind: %s", lease.lease_id, exc)
-
-    @contextlib.asynccontextmanager
-    async def _turn_taken(self, node: str, turn: Turn) -> AsyncIterator[None]:
-        """Wait for ``turn``, start it, then run the body; if anything fails before the
-        body placed the pod (:meth:`_place` ends the turn itself), the turn ends with
-        nothing bound."""
-        line = self._line(node)
-        try:
-            await self._wait_turn(node, turn)  # none to wait for outside a line (NRI)
-            line.start(turn)  # started last either way: should the node lose NRI, the next waits
-            yield
-        except BaseException:
-            line.end(turn, "", self._clock())
-            raise
-
-    async def _wait_turn(self, node: str, turn: Turn) -> None:
-        """Until the turn before ``turn`` is over: its bind ended and, if it bound a pod,
-        the kubelet allocated that pod's lease (at most ``hold_s`` for each). When a gang
-        goes in ahead meanwhile, wait for its last member instead."""
-        while (previous := turn.previous) is not None:
-            turn.moved.clear()
-            await self._wait_over(node, previous, turn.moved)
-            if turn.previous is previous and not turn.moved.is_set():
+            if outcome is Outcome.BOUND:
+                ended_with = lease.lease_id
+                await self._settle_kept(meta["uid"], (node, lease.lease_id))
                 return
+            if outcome is Outcome.UNKNOWN:
+                ended_with = lease.lease_id
+                self._keep(meta["uid"], Kept(node, lease.lease_id, turn))
+                raise BindError(why)
+            if (
+                kept := self._kept.get(meta["uid"])
+            ) is not None and kept.lease_id == lease.lease_id:
+                del self._kept[meta["uid"]]  # the lease kept is the one given back now
+            await give_back(self._cache, node, lease.lease_id, undo)
+            raise BindError(why)
+        finally:
+            self._lines.end(node, turn, ended_with)
 
-    async def _wait_over(self, node: str, previous: Turn, moved: asyncio.Event) -> None:
-        hold_s = self._options.hold_s
-        await until_either(previous.ended.wait(), moved, hold_s)
-        if moved.is_set():
+    def _keep(self, uid: str, kept: Kept) -> None:
+        self._kept.pop(uid, None)
+        self._kept[uid] = kept
+        while len(self._kept) > ATTEMPTS_KEPT:
+            del self._kept[next(iter(self._kept))]
+
+    async def _settle_kept(self, uid: str, placement: tuple[str, str] | None) -> None:
+        """The pod is now known to be gone (None) or placed: (node, lease annotation),
+        ("", "") when unbound. A lease kept for it is forgotten if the pod is bound with it
+        (no annotation: bound there, the lease is its own, as the controller reads it),
+        left for its next try while it is unbound, else given back."""
+        kept = self._kept.get(uid)
+        if kept is None or (placement is not None and placement[0] == ""):
             return
-        if not previous.ended.is_set():
-            log.warning("the bind before this one on %s did not end within %.0f s", node, hold_s)
+        del self._kept[uid]
+        if placement is not None and placement in ((kept.node, ""), (kept.node, kept.lease_id)):
+            return  # bound with it: in use
+        self._lines.line(kept.node).gave_back(kept.turn)
+        link = self._cache.link(kept.node)
+        if link is None:  # the controller's reconcile releases it
+            log.warning("lease %s kept on %s not given back: no agent", kept.lease_id, kept.node)
             return
-        if not previous.lease_id:
-            return
-        left_s = max(hold_s - (self._clock() - previous.ended_at), 0.0)
-        allocated = self._cache.wait_allocated(node, previous.lease_id, left_s)
-        if not await until_either(allocated, moved, left_s + 1.0) and not moved.is_set():
-            log.warning(
-                "lease %s on %s was not allocated within %.0f s", previous.lease_id, node, hold_s
-            )
+        await give_back(self._cache, kept.node, kept.lease_id, partial(link.release, kept.lease_id))
 
     # -- gangs -----------------------------------------------------------------------------
 
     async def _bind_gang_member(self, pod: Obj, ask: PodAsk, node: str) -> None:
         meta = pod["metadata"]
+        uid = meta["uid"]
         key = f"{meta['namespace']}/{ask.gang_id}"
-        gang = self._gangs.get(key)
-        if gang is None or (gang.done.is_set() and gang.failed):
-            self._forget_gangs(self._clock())
-            gang = Gang(key, ask.gang_size, self._clock() + self._options.gang_ttl_s)
-            self._gangs[key] = gang
         link = self._link(node)
         fields = request_fields(pod, ask)
         ttl_s = self._options.gang_ttl_s
@@ -257,81 +306,41 @@ class Binder:
         )
         if not answer.decision.admitted:
             raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
-        gang.members[meta["uid"]] = (node, answer.lease)
-        if len(gang.members) >= gang.size and not gang.done.is_set():
-            await self._commit(gang)
-        await self._wait_gang(gang)
+        lease = answer.lease
+        if self._gangs.committed_with(uid) == key or lease.state == LeaseState.ADMITTED.value:
+            await self._bind_again(pod, node, lease, key)  # its gang was committed before
+            return
+        gang = self._gangs.join(key, ask.gang_size, uid, node, lease)
+        if len(gang.members) >= gang.size and not gang.turns:  # no commit under way
+            await self._gangs.commit(gang)
+        await self._gangs.wait(gang)
         if gang.failed:
             raise BindError(gang.failed)
-        turn = gang.turns[answer.lease.lease_id]
-        lease_id = answer.lease.lease_id
-        async with self._turn_taken(node, turn):
-            await self._place(pod, node, answer.lease, turn, undo=lambda: link.release(lease_id))
+        turn = gang.turns.get(lease.lease_id)
+        if turn is None:  # reserved once its gang's commit had begun
+            await self._bind_again(pod, node, lease, key)
+            return
+        async with self._lines.taken(node, turn):
+            await self._place(pod, node, lease, turn, undo=lambda: link.release(lease.lease_id))
 
-    def _forget_gangs(self, now: float) -> None:
-        """Drop gangs settled a TTL past their deadline (their members' binds are over)."""
-        ttl_s = self._options.gang_ttl_s
-        for key in [
-            k for k, g in self._gangs.items() if g.done.is_set() and now > g.deadline + ttl_s
-        ]:
-            del self._gangs[key]
-
-    async def _wait_gang(self, gang: Gang) -> None:
-        left = gang.deadline - self._clock()
-        try:
-            await asyncio.wait_for(gang.done.wait(), max(left, 0.0))
-        except TimeoutError:
-            if gang.turns:  # the commit is under way: it ends (within the holds) either way
-                await gang.done.wait()
-            elif not gang.done.is_set():
-                gang.failed = (
-                    f"gang {gang.key}: {len(gang.members)} of {gang.size} members reserved "
-                    f"within {self._options.gang_ttl_s:.0f} s: aborted"
-                )
-                await self._abort(gang)
-                gang.done.set()
-
-    async def _commit(self, gang: Gang) -> None:
-        """Put the members in their nodes' lines (in lease age order) right after the pod
-        admitted last there, wait until that pod is allocated, then commit on every node.
-
-        The members were reserved before that pod was admitted, so once committed they
-        are older than its lease: the agent hands the next Allocate the oldest admitted
-        lease not yet allocated, and that pod's Allocate would get a member's lease. The
-        pods still waiting in the line are not admitted yet: they go after the members.
-        If the commit fails, the members leave the lines at once."""
-        by_node: dict[str, list[pb.Lease]] = {}
-        for node, lease in sorted(gang.members.values(), key=lambda m: m[1].created_at):
-            by_node.setdefault(node, []).append(lease)
-        for node, leases in by_node.items():
-            turns = self._new_turns(node, len(leases), gang=True)
-            gang.turns.update(zip((x.lease_id for x in leases), turns, strict=True))
-        try:
-            for node, leases in sorted(by_node.items()):
-                await self._wait_turn(node, gang.turns[leases[0].lease_id])
-            for node in sorted(by_node):  # a commit that fails is FAILED_PRECONDITION
-                await _agent_call(node, self._link(node).commit(gang.key))
-        except BindError as exc:
-            gang.failed = str(exc)
-            await self._abort(gang)
-        finally:
-            if gang.failed:
-                for node, leases in by_node.items():
-                    for lease in leases:
-                        self._line(node).end(gang.turns[lease.lease_id], "", self._clock())
-            gang.done.set()
-
-    async def _abort(self, gang: Gang) -> None:
-        for node in sorted({node for node, _ in gang.members.values()}):
-            link = self._cache.link(node)
-            if link is None:
-                continue
-            try:
-                await link.abort(gang.key)
-            except grpc.aio.AioRpcError as exc:
-                log.warning(
-                    "gang %s: abort on %s failed (its TTL ends it): %s", gang.key, node, exc
-                )
+    async def _bind_again(self, pod: Obj, node: str, lease: pb.Lease, key: str) -> None:
+        """A member of a gang committed before, bound again (its Binding failed, or its
+        answer was lost): its lease is the committed one, or a new reservation (that one
+        was given back), committed on its own once its turn has come. It takes a turn
+        ahead of the pods not admitted yet, as its gang's members did; a reservation
+        committed before its turn would be an admitted lease older than the pod bound
+        meanwhile, whose Allocate would get it."""
+        link = self._link(node)
+        undo = partial(link.release, lease.lease_id)
+        turn = self._rejoin(pod["metadata"]["uid"], node)
+        async with self._lines.taken(node, turn):
+            if lease.state == LeaseState.RESERVED.value:
+                try:
+                    await agent_call(node, link.commit(key))
+                except BindError:
+                    await give_back(self._cache, node, lease.lease_id, undo)
+                    raise
+            await self._place(pod, node, lease, turn, undo=undo)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -344,10 +353,11 @@ class Binder:
         for _ in range(MAX_REQUEST_IDS):
             attempt = self._attempts.get(uid, 0)
             try:
-                return await ask(pod_request_id(uid, attempt))
+                with link_closed_fails(node):
+                    return await ask(pod_request_id(uid, attempt))
             except grpc.aio.AioRpcError as exc:
-                if not _ended_request_id(exc):
-                    raise BindError(_refused(node, exc)) from exc
+                if not ended_request_id(exc):
+                    raise BindError(refused_by(node, exc)) from exc
             self._attempts[uid] = attempt + 1
             while len(self._attempts) > ATTEMPTS_KEPT:
                 del self._attempts[next(iter(self._attempts))]
@@ -363,37 +373,17 @@ class Binder:
             if not self.queued[node]:
                 del self.queued[node]
 
-    def _new_turns(self, node: str, count: int, *, gang: bool = False) -> list[Turn]:
-        """Places for binds to ``node``: at the end of its line (a gang's ahead of the pods
-        waiting), or in no line, waiting for no other, when its agent's NRI plugin is
-        registered with the runtime (it gives each container its own pod's lease)."""
-        if self._cache.injector(node) == "nri":
-            return [Turn(gang=gang) for _ in range(count)]
-        line = self._line(node)
-        return line.join_front(count) if gang else [line.join() for _ in range(count)]
+    def _rejoin(self, uid: str, node: str) -> Turn:
+        """A turn for a pod whose lease was granted before this try (kept for it, or its
+        gang's): in the place of its last turn on ``node`` if that one kept the lease,
+        else ahead of the pods not admitted yet."""
+        kept = self._kept.get(uid)
+        return self._lines.rejoin(
+            node, kept.turn if kept is not None and kept.node == node else None
+        )
 
-    def _line(self, node: str) -> Line:
-        return self._lines.setdefault(node, Line())
-
-    def _link(self, node: str) -> Any:
+    def _link(self, node: str) -> AgentLink:
         link = self._cache.link(node)
         if link is None:
             raise BindError(f"{node}: {self._cache.why_unknown(node)}")
         return link
-
-
-async def _agent_call(node: str, call: Any) -> Any:
-    try:
-        return await call
-    except grpc.aio.AioRpcError as exc:
-        raise BindError(_refused(node, exc)) from exc
-
-
-def _refused(node: str, exc: grpc.aio.AioRpcError) -> str:
-    return f"{node}: the agent refused: {exc.code().name}: {exc.details()}"
-
-
-def _ended_request_id(exc: grpc.aio.AioRpcError) -> bool:
-    return exc.code() is grpc.StatusCode.FAILED_PRECONDITION and ENDED_REQUEST_ID_HINT in (
-        exc.details() or ""
-    )

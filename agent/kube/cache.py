@@ -216,12 +216,13 @@ class AgentCache:
             entry.dirty.set()
 
     async def wait_allocated(self, node: str, lease_id: str, timeout_s: float) -> bool:
-        """Until the agent reports the kubelet allocated ``lease_id`` (``lease.allocated``),
-        or ``timeout_s``; False on timeout."""
+        """Until the agent reports the kubelet allocated ``lease_id`` (``lease.allocated``)
+        or the lease ended (released, evicted, ...: nothing of it is left to allocate), or
+        ``timeout_s``; False on timeout."""
         entry = self.nodes.get(node)
         if entry is None:
             return False
-        if lease_id in entry.allocated_ids:
+        if lease_id in entry.allocated_ids or lease_id in entry.ended:
             return True
         event = entry.allocated.setdefault(lease_id, asyncio.Event())
         try:
@@ -295,6 +296,8 @@ class AgentCache:
             if event.kind in ENDED and event.lease_id:  # never live again: not counted now
                 entry.pending.pop(event.lease_id, None)
                 entry.ended[event.lease_id] = event.seq
+                if waiter := entry.allocated.get(event.lease_id):
+                    waiter.set()  # nothing of it is left for the kubelet to allocate
                 entry.pending_version += 1
                 continue
             if event.kind in GRANTED and event.lease_id:  # ("": another caller's, hidden)

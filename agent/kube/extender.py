@@ -5,12 +5,21 @@ JSON types (``k8s.io/kube-scheduler/extender/v1``).
 Filter and prioritize run the agents' own admission rules on the cached state of each
 node, so a node filtered out carries the same sentence ``gpushare explain`` would print
 there; bind asks the node's agent, which has the last word.
+
+A body that is not the extender's JSON is answered HTTP 400 with what is wrong, and one log
+line: over 16 MiB (413), not UTF-8 JSON, nested deeper than 64 or of more than 1,000,000
+values (:func:`agent.kube.bounded.load_json`, before it is built), not an object, a ``pod``
+that is not an object, ``nodenames`` that are not node names (Kubernetes' DNS subdomain
+rule), ``nodes.items`` that are not nodes, or binding arguments that are not the names of a
+pod and a node. kube-scheduler counts any status but 200 as the call's failure and never
+sends such a body; the protocol's own answers (a pod whose annotations do not parse: every
+node failed and unresolvable; a bind the agent refused: ``Error``) stay HTTP 200.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +32,7 @@ from agent.core.lease import LeaseState
 from agent.core.types import AdmissionRequest, Decision
 from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
 from agent.kube.binder import Binder
+from agent.kube.bounded import Unreadable, load_json, printable, shown
 from agent.kube.cache import ASSUMED_S, AgentCache
 
 log = logging.getLogger(__name__)
@@ -30,12 +40,29 @@ log = logging.getLogger(__name__)
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 MEMO_S = 1.0  # a decision is reused while the node's views are the same, this long at most
 MEMO_SIZE = 4096
+MAX_ARGS_BYTES = 16 * 2**20  # a pod and every node's name; full Node objects fit too
+MAX_ARGS_DEPTH = 64
+MAX_ARGS_VALUES = 1_000_000
+# Kubernetes' names: a DNS-1123 subdomain (nodes, pods), a label (namespaces)
+_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_UID_RE = re.compile(r"[A-Za-z0-9._:-]+")
+# binding argument (lower case) -> (its rule, its longest)
+_BINDING = {
+    "podnamespace": (_LABEL_RE, 63),
+    "podname": (_SUBDOMAIN_RE, 253),
+    "poduid": (_UID_RE, 128),
+    "node": (_SUBDOMAIN_RE, 253),
+}
 
 
-def admission_of(pod: Mapping[str, Any], ask: PodAsk) -> AdmissionRequest:
-    meta = pod.get("metadata") or {}
+class MalformedArgs(ValueError):
+    """The body is not the extender's arguments: ``str()`` says what is wrong."""
+
+
+def admission_of(ask: PodAsk) -> AdmissionRequest:
     return AdmissionRequest(
-        request_id=meta.get("uid") or "filter",
+        request_id=ask.request_id or "filter",
         tenant=ask.tenant,
         trust_domain=ask.trust_domain,
         priority=ask.priority,
@@ -56,8 +83,7 @@ class Extender:
         self, pod: Mapping[str, Any], nodes: Sequence[str]
     ) -> tuple[dict[str, Decision], dict[str, str]]:
         """Per node: the agent's rules' decision, or why the node cannot be asked."""
-        ask = parse_ask(pod)
-        request = admission_of(pod, ask)
+        request = admission_of(parse_ask(pod))
         decided: dict[str, Decision] = {}
         failed: dict[str, str] = {}
         now = time.time()
@@ -97,11 +123,11 @@ class Extender:
         return decision
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        names = _node_names(args)
+        names, pod = _node_names(args), _pod(args)
         # kube-scheduler skips prioritize when one node passes: expire here too
         self.cache.expire_assumed(time.monotonic())
         try:
-            decided, failed = self.decisions(args.get("pod") or {}, names)
+            decided, failed = self.decisions(pod, names)
         except AnnotationError as exc:
             return {"nodenames": [], "failedAndUnresolvableNodes": dict.fromkeys(names, str(exc))}
         return {"nodenames": [n for n in names if n in decided], "failedNodes": failed}
@@ -114,8 +140,7 @@ class Extender:
         fits only by preempting other leases scores 0, below every node where it fits as
         it is: an eviction ends another pod, a queue only delays this one. Nodes that
         score the same tie, and kube-scheduler picks one of them at random."""
-        names = _node_names(args)
-        pod = args.get("pod") or {}
+        names, pod = _node_names(args), _pod(args)
         self.cache.expire_assumed(time.monotonic())
         try:
             decided, _ = self.decisions(pod, names)
@@ -134,11 +159,14 @@ class Extender:
         preempt, at the agent). With a tie the choice is random: nothing is assumed."""
         top = max(scores.values(), default=0)
         chosen = [n for n, score in scores.items() if score == top]
-        uid = (pod.get("metadata") or {}).get("uid") or ""
-        if top == 0 or len(chosen) != 1 or not uid:
+        if top == 0 or len(chosen) != 1:
+            return
+        ask = parse_ask(pod)
+        uid = ask.request_id
+        if not uid:
             return
         [node] = chosen
-        request, decision = admission_of(pod, parse_ask(pod)), decided[node]
+        request, decision = admission_of(ask), decided[node]
         lease = pending_lease(  # reserved: never a victim of another pod's preemption
             request,
             decision.device_uuid or "",
@@ -171,43 +199,112 @@ class Extender:
         return {"Error": error}
 
 
+def _pod(args: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``pod``: an object ({} when absent: its annotations are then found wanting)."""
+    pod = args.get("pod")
+    if pod is None:
+        return {}
+    if not isinstance(pod, dict):
+        raise MalformedArgs(f"pod must be an object (got a JSON {_json_type(pod)})")
+    return pod
+
+
 def _node_names(args: Mapping[str, Any]) -> list[str]:
-    """``nodenames`` (nodeCacheCapable), else the names in ``nodes.items``."""
+    """``nodenames`` (nodeCacheCapable), else the names in ``nodes.items``; each a
+    Kubernetes node name, or :class:`MalformedArgs`."""
     names = args.get("nodenames")
     if names is not None:
-        return [str(n) for n in names]
-    items = (args.get("nodes") or {}).get("items") or []
-    return [str((item.get("metadata") or {}).get("name", "")) for item in items]
+        if not isinstance(names, list):
+            raise MalformedArgs(f"nodenames must be a list (got a JSON {_json_type(names)})")
+        return [_node_name(name, f"nodenames[{index}]") for index, name in enumerate(names)]
+    nodes = args.get("nodes")
+    if nodes is None:
+        return []
+    if not isinstance(nodes, dict):
+        raise MalformedArgs(f"nodes must be a NodeList object (got a JSON {_json_type(nodes)})")
+    items = nodes.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise MalformedArgs(f"nodes.items must be a list (got a JSON {_json_type(items)})")
+    return [_item_name(item, f"nodes.items[{index}]") for index, item in enumerate(items)]
+
+
+def _item_name(item: object, where: str) -> str:
+    meta = item.get("metadata") if isinstance(item, dict) else None
+    if not isinstance(meta, dict):
+        raise MalformedArgs(f"{where} must be a Node with metadata")
+    return _node_name(meta.get("name"), f"{where}.metadata.name")
+
+
+def _node_name(value: object, where: str) -> str:
+    return _name(value, where, _SUBDOMAIN_RE, 253)
+
+
+def _name(value: object, where: str, rule: re.Pattern[str], longest: int) -> str:
+    if not isinstance(value, str):
+        raise MalformedArgs(f"{where} must be a string (got a JSON {_json_type(value)})")
+    if not 0 < len(value) <= longest or not rule.fullmatch(value):
+        raise MalformedArgs(f"{where} is not a Kubernetes name (got {shown(value)})")
+    return value
 
 
 def _field(args: Mapping[str, Any], name: str) -> str:
-    """kube-scheduler sends binding args by their Go field names; accept any case."""
+    """kube-scheduler sends binding args by their Go field names; accept any case. Each is
+    required, and must be a Kubernetes name (a namespace, a pod, a uid, a node)."""
+    rule, longest = _BINDING[name.lower()]
     for key, value in args.items():
         if key.lower() == name.lower():
-            return str(value)
-    return ""
+            return _name(value, name, rule, longest)
+    raise MalformedArgs(f"{name} is missing")
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool) or value is None:
+        return "true/false/null"
+    names = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
+    return names.get(type(value), type(value).__name__)
 
 
 def build_extender_app(extender: Extender) -> web.Application:
-    async def read(request: web.Request) -> Any:
+    async def read(request: web.Request) -> dict[str, Any]:
         try:
-            return await request.json(loads=json.loads)
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"not JSON: {exc}") from exc
+            args = load_json(
+                await request.read(), max_depth=MAX_ARGS_DEPTH, max_values=MAX_ARGS_VALUES
+            )
+        except Unreadable as exc:
+            raise refused(request, f"the body is not read: {exc}") from None
+        if not isinstance(args, dict):
+            what = f"a JSON {_json_type(args)}"
+            raise refused(request, f"the body must be a JSON object, not {what}")
+        return args
+
+    def refused(request: web.Request, why: str) -> web.HTTPBadRequest:
+        log.warning("extender %s: refused a malformed body: %s", request.path, printable(why))
+        return web.HTTPBadRequest(text=why)
 
     async def filter_handler(request: web.Request) -> web.Response:
-        return web.json_response(extender.filter(await read(request)))
+        try:
+            return web.json_response(extender.filter(await read(request)))
+        except MalformedArgs as exc:
+            raise refused(request, str(exc)) from None
 
     async def prioritize_handler(request: web.Request) -> web.Response:
-        return web.json_response(extender.prioritize(await read(request)))
+        try:
+            return web.json_response(extender.prioritize(await read(request)))
+        except MalformedArgs as exc:
+            raise refused(request, str(exc)) from None
 
     async def bind_handler(request: web.Request) -> web.Response:
-        return web.json_response(await extender.bind(await read(request)))
+        try:
+            return web.json_response(await extender.bind(await read(request)))
+        except MalformedArgs as exc:
+            raise refused(request, str(exc)) from None
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    app = web.Application(client_max_size=16 * 2**20)
+    app = web.Application(client_max_size=MAX_ARGS_BYTES)
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/prioritize", prioritize_handler)
     app.router.add_post("/bind", bind_handler)

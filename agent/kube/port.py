@@ -1,7 +1,8 @@
 """The Kubernetes API as the cluster-side parts use it: the few endpoints they need, with
 objects as the API server sends them (JSON dicts: ``metadata``, ``spec``, ``status``) and
-its status codes as exceptions. One adapter implements it (:mod:`agent.kube.rest`); tests
-run it against a stand-in API server that speaks the same format."""
+its status codes as exceptions (:class:`Unanswered` when no answer came: the outcome of a
+write is then unknown). One adapter implements it (:mod:`agent.kube.rest`); tests run it
+against a stand-in API server that speaks the same format."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ class KubeError(GpushareError):
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
+
+
+class Unanswered(KubeError):
+    """No answer came to a request that was sent, or may have been: it timed out, or its
+    connection broke. What it asked may or may not have been done (``status`` 0, reason
+    ``Unreachable``, as a request that could not be sent at all)."""
 
 
 class NotFound(KubeError):

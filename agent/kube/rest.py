@@ -13,7 +13,9 @@ is set; here a 410 is the caller's to handle (list again).
 
 Errors: 404 :class:`NotFound`, 409 :class:`Conflict`, 410 (and a watch ``ERROR`` event of
 code 410) :class:`Gone`, any other status :class:`KubeError` with the server's reason;
-a connection that fails or times out is ``KubeError(0, "Unreachable", ...)``."""
+no connection at all is ``KubeError(0, "Unreachable", ...)``: nothing was sent. A request
+that timed out or whose connection broke once sent is :class:`Unanswered` (also status 0,
+``Unreachable``): the server may have done what it asked."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from agent.kube.port import (
     NotFound,
     Obj,
     PatchKind,
+    Unanswered,
     WatchEvent,
     WatchKind,
 )
@@ -59,6 +62,8 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _BY_STATUS: Final[dict[int, type[KubeError]]] = {404: NotFound, 409: Conflict, 410: Gone}
 _WATCH_KINDS: Final[frozenset[str]] = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 _NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+# raised before anything was sent: no connection could be made
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 def proxy_from_env(url: str) -> str | None:
@@ -101,7 +106,9 @@ def error_from_body(http_status: int, http_reason: str, body: bytes) -> KubeErro
 
 
 def unreachable(exc: BaseException) -> KubeError:
-    return KubeError(0, "Unreachable", str(exc) or type(exc).__name__)
+    """A network failure: :class:`Unanswered` unless the request was never sent."""
+    error = KubeError if isinstance(exc, _NOT_SENT) else Unanswered
+    return error(0, "Unreachable", str(exc) or type(exc).__name__)
 
 
 def _selectors(field_selector: str, label_selector: str) -> dict[str, str]:

@@ -163,6 +163,7 @@ class ClusterSide:
     async def start(self) -> None:
         stack, options = self._stack, self.options
         stack.push_async_callback(self.cache.aclose)
+        stack.push_async_callback(self.binder.aclose)  # before the agents' links close
         served = await stack.enter_async_context(
             site(build_extender_app(self.extender), options.extender_listen)
         )

@@ -1,31 +1,25 @@
 """The admission webhook for pods (``admission.k8s.io/v1`` AdmissionReview).
 
 ``POST /mutate`` (a MutatingWebhookConfiguration, CREATE) and ``POST /validate`` (a
-ValidatingWebhookConfiguration, CREATE and UPDATE) check a pod that wants a GPU share
-(:func:`agent.kube.annotations.wants_share`) and refuse it with the field and the reason,
-which ``kubectl apply`` prints as it is:
-
-* 400: a bad gpushare.io/ annotation or share request (:func:`parse_ask`), or a pod that
-  names another scheduler than ``gpushare``.
-* 403: a privileged container (``securityContext.privileged``, or the capability
-  ``SYS_ADMIN`` or ``ALL``), a container that sets ``CUDA_MPS_*`` or ``GPUSHARE_*`` itself
-  (``env``, or an ``envFrom`` prefix that reaches them: the keys of a ConfigMap or Secret
-  without a prefix cannot be seen here), a ``hostPath`` volume of the agent's host
-  directories (or of a directory above them, which holds them too), or a pod that sets
-  ``spec.nodeName`` itself (it would bypass the scheduler and its lease).
-
-Any pod, sharing or not, that is created with ``gpushare.io/lease`` or
-``gpushare.io/node-agent`` is refused (403): the cluster side writes them, and the lease
-controller releases the lease a pod's annotation names.
+ValidatingWebhookConfiguration, CREATE and UPDATE of ``pods`` and
+``pods/ephemeralcontainers``) judge a pod that wants a GPU share
+(:func:`agent.kube.annotations.wants_share`) by the rules of :mod:`agent.kube.podrules`
+and refuse it with the field and the reason, which ``kubectl apply`` prints as it is.
 
 On CREATE, ``/mutate`` answers a JSONPatch that sets ``spec.schedulerName: gpushare``
 (when unset or ``default-scheduler``) and adds the finalizer ``gpushare.io/lease`` (once).
+On UPDATE only the change is judged; the ``ephemeralcontainers`` subresource (``kubectl
+debug``) is an UPDATE too, and its added containers are judged. Other subresources
+(``status``, ...) and DELETE are allowed.
 
-On UPDATE only the change is judged, so a pod admitted before a rule existed can still
-lose its finalizer and go: once the pod is bound (the old pod has ``spec.nodeName``) its
-gpushare.io/ request annotations and its ``gpushare.io/lease`` may not change (403); before
-that, changed request annotations must still parse. Subresources (``status``, ...) and
-DELETE are allowed. A review that is not an AdmissionReview is answered HTTP 400.
+A review is a pod's when its ``request.kind`` is ``Pod``, its ``request.resource`` is
+``pods`` or its object says ``kind: Pod``: the API server always sends ``kind``, and a
+review without one is not read. A body that is not an AdmissionReview is answered HTTP 400
+and one log line: over 8 MiB (413), not UTF-8 JSON, nested deeper than 64 or of more than
+250,000 values (:func:`agent.kube.bounded.load_json`, before it is built), not an object,
+or with a request that lacks what the API server always sends. Values that reach the log
+are escaped (:func:`agent.kube.bounded.printable`) and those in a refusal cut
+(:func:`agent.kube.annotations.shown`).
 """
 
 from __future__ import annotations
@@ -34,57 +28,26 @@ import asyncio
 import base64
 import json
 import logging
-import posixpath
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from agent.core.errors import ConfigError
-from agent.kube.annotations import (
-    CLUSTER_ANNOTATIONS,
-    FINALIZER,
-    REQUEST_ANNOTATIONS,
-    SCHEDULER_NAME,
-    AnnotationError,
-    containers,
-    mapping,
-    parse_ask,
-    sequence,
-    shown,
-    wants_share,
-)
-from agent.kubelet.port import LEASE_ANNOTATION
+from agent.kube.annotations import FINALIZER, SCHEDULER_NAME, mapping, wants_share
+from agent.kube.bounded import Unreadable, load_json, printable, shown
+from agent.kube.podrules import Refusal, check_ephemeral, check_new_pod, check_update, text_of
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "admission.k8s.io/v1"
-DEFAULT_SCHEDULER = "default-scheduler"
-RESERVED_ENV_PREFIXES = ("CUDA_MPS_", "GPUSHARE_")
-FORBIDDEN_CAPABILITIES = frozenset({"SYS_ADMIN", "ALL"})
-# The agent's state and runtime directories (MPS pipes, its socket) and the kubelet's
-# device-plugin and pod-resources sockets.
-AGENT_HOST_PATHS = (
-    "/run/gpushare",
-    "/var/run/gpushare",
-    "/var/lib/gpushare",
-    "/var/lib/kubelet/device-plugins",
-    "/var/lib/kubelet/pod-resources",
-)
-ALL_CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
 MAX_REVIEW_BYTES = 8 * 2**20  # a pod and its old copy fit well within
+MAX_REVIEW_DEPTH = 64  # a pod's deepest field (affinity terms, managedFields) is about 15
+MAX_REVIEW_VALUES = 250_000
+MAX_UID = 128  # the API server's are UUIDs (36 characters)
 _REASONS = {400: "BadRequest", 403: "Forbidden"}
-
-
-class Refusal(Exception):
-    """The pod is refused: ``code`` (400 or 403) and ``message`` ("<field>: <reason>")."""
-
-    def __init__(self, code: int, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.code = code
-        self.message = f"{field}: {reason}"
 
 
 class MalformedReview(Exception):
@@ -97,9 +60,16 @@ class Review:
     operation: str  # CREATE, UPDATE, DELETE, CONNECT
     namespace: str
     kind: str  # request.kind.kind: "Pod" for ours
+    resource: str  # request.resource.resource: "pods" for ours
     sub_resource: str
     pod: Mapping[str, Any]  # request.object, namespace filled in
     old: Mapping[str, Any]  # request.oldObject ({} unless UPDATE)
+
+    @property
+    def of_pod(self) -> bool:
+        """Whether any part of the review says it is a pod's (see the module's text)."""
+        objects = (self.pod.get("kind"), self.old.get("kind"))
+        return self.kind == "Pod" or self.resource == "pods" or "Pod" in objects
 
 
 def read_review(body: object) -> Review:
@@ -114,6 +84,8 @@ def read_review(body: object) -> Review:
     uid, operation = request.get("uid"), request.get("operation")
     if not isinstance(uid, str) or not uid:
         raise MalformedReview("request.uid is missing")
+    if len(uid) > MAX_UID:
+        raise MalformedReview(f"request.uid is longer than {MAX_UID} characters")
     if operation not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
         raise MalformedReview(f"request.operation {shown(operation)} is not one Kubernetes sends")
     namespace = request.get("namespace") or ""
@@ -126,11 +98,28 @@ def read_review(body: object) -> Review:
         uid=uid,
         operation=operation,
         namespace=namespace if isinstance(namespace, str) else "",
-        kind=str(mapping(request.get("kind")).get("kind", "")),
-        sub_resource=str(request.get("subResource") or ""),
+        kind=_kind(request),
+        resource=text_of(mapping(request.get("resource")).get("resource")),
+        sub_resource=_sub_resource(request),
         pod=_in_namespace(mapping(pod), namespace),
         old=_in_namespace(mapping(old), namespace),
     )
+
+
+def _kind(request: Mapping[str, Any]) -> str:
+    """request.kind.kind, which the API server always sends: a review without it is not
+    judged, whatever its object."""
+    kind = request.get("kind")
+    if not isinstance(kind, Mapping) or "kind" not in kind:
+        raise MalformedReview("request.kind is missing (the API server always sends it)")
+    return text_of(kind["kind"])
+
+
+def _sub_resource(request: Mapping[str, Any]) -> str:
+    value = request.get("subResource")
+    if value is not None and not isinstance(value, str):
+        raise MalformedReview("request.subResource must be a string")
+    return value or ""
 
 
 def _in_namespace(pod: Mapping[str, Any], namespace: object) -> Mapping[str, Any]:
@@ -146,114 +135,16 @@ def _in_namespace(pod: Mapping[str, Any], namespace: object) -> Mapping[str, Any
 
 def check(review: Review) -> None:
     """Raise :class:`Refusal` for a pod this review may not create or change."""
-    if review.kind != "Pod" or review.sub_resource:
+    if not review.of_pod:
         return
-    if review.operation == "CREATE":
+    if review.sub_resource == "ephemeralcontainers" and review.operation == "UPDATE":
+        check_ephemeral(review.old, review.pod)
+    elif review.sub_resource:
+        return
+    elif review.operation == "CREATE":
         check_new_pod(review.pod)
     elif review.operation == "UPDATE":
         check_update(review.old, review.pod)
-
-
-def check_new_pod(pod: Mapping[str, Any]) -> None:
-    annotations = _annotations(pod)
-    for name in CLUSTER_ANNOTATIONS:
-        if name in annotations:
-            raise Refusal(
-                403, name, "is written by the gpushare scheduler; a new pod may not set it"
-            )
-    if not wants_share(pod):
-        return
-    _parse(pod)
-    spec = mapping(pod.get("spec"))
-    scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
-    if scheduler not in (DEFAULT_SCHEDULER, SCHEDULER_NAME):
-        reason = f"a pod with a GPU share is scheduled by {SCHEDULER_NAME}, not {shown(scheduler)}"
-        raise Refusal(400, "spec.schedulerName", reason)
-    if spec.get("nodeName"):
-        reason = f"a pod with a GPU share is placed by the {SCHEDULER_NAME} scheduler, not set"
-        raise Refusal(403, "spec.nodeName", reason)
-    for where, container in containers(pod, ALL_CONTAINER_KINDS):
-        _check_privileges(where, container)
-        _check_env(where, container)
-    _check_volumes(spec)
-
-
-def check_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    before, after = _annotations(old), _annotations(new)
-    changed = [n for n in (*REQUEST_ANNOTATIONS, LEASE_ANNOTATION) if before.get(n) != after.get(n)]
-    if not changed:
-        return
-    node = mapping(old.get("spec")).get("nodeName")
-    if node:
-        reason = f"cannot change on a pod bound to node {shown(node)}: its lease is granted"
-        raise Refusal(403, changed[0], reason)
-    if any(n in REQUEST_ANNOTATIONS for n in changed) and wants_share(new):
-        _parse(new)
-
-
-def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return mapping(mapping(pod.get("metadata")).get("annotations"))
-
-
-def _parse(pod: Mapping[str, Any]) -> None:
-    try:
-        parse_ask(pod)
-    except AnnotationError as exc:
-        raise Refusal(400, exc.field, exc.reason) from None
-
-
-def _check_privileges(where: str, container: Mapping[str, Any]) -> None:
-    context = mapping(container.get("securityContext"))
-    if context.get("privileged") is True:
-        reason = "a pod with a GPU share may not run a privileged container"
-        raise Refusal(403, f"{where}.securityContext.privileged", reason)
-    added = sequence(mapping(context.get("capabilities")).get("add"))
-    for index, capability in enumerate(added):
-        name = str(capability).upper().removeprefix("CAP_")
-        if name in FORBIDDEN_CAPABILITIES:
-            reason = f"a pod with a GPU share may not add {shown(capability)}"
-            raise Refusal(403, f"{where}.securityContext.capabilities.add[{index}]", reason)
-
-
-def _check_env(where: str, container: Mapping[str, Any]) -> None:
-    reserved = " or ".join(f"{p}*" for p in RESERVED_ENV_PREFIXES)
-    for index, variable in enumerate(sequence(container.get("env"))):
-        name = str(mapping(variable).get("name", ""))
-        if name.upper().startswith(RESERVED_ENV_PREFIXES):
-            reason = f"{shown(name)}: the agent sets {reserved} for the lease, not the pod"
-            raise Refusal(403, f"{where}.env[{index}].name", reason)
-    for index, source in enumerate(sequence(container.get("envFrom"))):
-        prefix = str(mapping(source).get("prefix") or "").upper()
-        if prefix and any(
-            p.startswith(prefix) or prefix.startswith(p) for p in RESERVED_ENV_PREFIXES
-        ):
-            reason = f"{shown(prefix)} can name {reserved}, which the agent sets for the lease"
-            raise Refusal(403, f"{where}.envFrom[{index}].prefix", reason)
-
-
-def _check_volumes(spec: Mapping[str, Any]) -> None:
-    for index, volume in enumerate(sequence(spec.get("volumes"))):
-        path = mapping(mapping(volume).get("hostPath")).get("path")
-        if not isinstance(path, str) or not path:
-            continue
-        clash = next(_overlaps(path), None)
-        if clash is not None:
-            reason = (
-                f"{shown(path)} holds the agent's {clash}; a pod with a GPU share may not mount it"
-            )
-            raise Refusal(403, f"spec.volumes[{index}].hostPath.path", reason)
-
-
-def _overlaps(path: str) -> Iterator[str]:
-    """The agent's host directories that ``path`` is, is inside of, or holds."""
-    normal = posixpath.normpath("/" + path.strip()).replace("//", "/")
-    for protected in AGENT_HOST_PATHS:
-        if normal == "/" or _within(normal, protected) or _within(protected, normal):
-            yield protected
-
-
-def _within(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory + "/")
 
 
 # -- the answers -------------------------------------------------------------------------
@@ -281,7 +172,12 @@ def answer(review: Review, *, mutate: bool) -> dict[str, Any]:
     try:
         check(review)
     except Refusal as refusal:
-        log.info("refused %s of pod %s: %s", review.operation, _name(review), refusal.message)
+        log.info(
+            "refused %s of pod %s: %s",
+            review.operation,
+            printable(_name(review)),
+            printable(refusal.message),
+        )
         status = {
             "code": refusal.code,
             "reason": _REASONS[refusal.code],
@@ -290,7 +186,7 @@ def answer(review: Review, *, mutate: bool) -> dict[str, Any]:
         response.update(allowed=False, status=status)
     else:
         patch = mutation(review.pod) if mutate and review.operation == "CREATE" else []
-        if patch and review.kind == "Pod" and not review.sub_resource:
+        if patch and review.of_pod and not review.sub_resource:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
@@ -298,15 +194,18 @@ def answer(review: Review, *, mutate: bool) -> dict[str, Any]:
 
 def _name(review: Review) -> str:
     meta = mapping(review.pod.get("metadata") or review.old.get("metadata"))
-    name = meta.get("name") or meta.get("generateName") or "?"
-    return f"{review.namespace or meta.get('namespace', '')}/{name}"
+    name = text_of(meta.get("name")) or text_of(meta.get("generateName")) or "?"
+    return f"{review.namespace or text_of(meta.get('namespace'))}/{name}"
 
 
 async def _review(request: web.Request, *, mutate: bool) -> web.Response:
     try:
-        body = json.loads(await request.read())
+        body = load_json(
+            await request.read(), max_depth=MAX_REVIEW_DEPTH, max_values=MAX_REVIEW_VALUES
+        )
         review = read_review(body)
-    except (ValueError, MalformedReview) as exc:  # json.JSONDecodeError is a ValueError
+    except (Unreadable, MalformedReview) as exc:
+        log.warning("%s: not an AdmissionReview: %s", request.path, printable(str(exc)))
         raise web.HTTPBadRequest(text=f"not an AdmissionReview: {exc}") from None
     return web.json_response(answer(review, mutate=mutate))
 

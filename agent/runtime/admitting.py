@@ -4,9 +4,14 @@ Decisions are made one at a time on the ledger, so each sees the ones before it;
 lease takes its capacity at decision time and its write (with its event and request id)
 joins a group commit outside the lock. A failed write takes exactly that lease back out
 and answers ``STORE_UNAVAILABLE``. A preempting admission changes other leases, so it
-keeps the lock until its write is durable and applies everything at once; it never picks a
-victim whose own write is in flight. A batch is one decision: one lock, placement in order,
-one commit, one outcome per item.
+hands the lock to its write, which keeps it until it is durable and applies everything at
+once; it never picks a victim whose own write is in flight. A batch is one decision: one
+lock, placement in order, one commit, one outcome per item.
+
+A caller that goes away (a deadline, a cancelled task) cannot cut a decision in half:
+between taking the lock and starting the write nothing awaits, and from then on the write
+runs on its own, holding the lock where it must (:mod:`agent.runtime.section`); a retry
+with the same request id waits for it and gets its lease.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from agent.mps.limits import LEASE_MARKER_VAR, DaemonPaths, client_environment
 from agent.runtime.journal import Journal, Write
 from agent.runtime.ledger import Ledger, RequestKey
 from agent.runtime.requests import check_same, record_for
+from agent.runtime.section import Held, LedgerLock
 from agent.runtime.stats import AdmissionRecorder
 from agent.state.port import RequestRecord, StateStore
 
@@ -68,7 +74,7 @@ class Admissions:
         ledger: Ledger,
         journal: Journal,
         store: StateStore,
-        lock: asyncio.Lock,
+        lock: LedgerLock,
         views: Callable[[], list[DeviceView]],
         clock: Callable[[], float],
         options: AdmissionOptions,
@@ -105,42 +111,50 @@ class Admissions:
             known = await self.known(request, gang_id)
             if known is not None:
                 return known
-            async with self._lock:
+            async with self._lock.held() as held:
                 if self._seen(key):
                     continue  # a twin got there first: answer as it did
-                if gang_id is not None:
-                    self._check_gang_owner(gang_id, request.owner)
-                now = self._clock()
-                o = self.options
-                decision = decide(request, self._views(), o.rules, now=now, gate=o.gate)
-                if not decision.admitted:
-                    return AdmitResult(decision)
-                decision = _lean(decision)
-                lease = self._new_lease(request, decision, now, gang_id, ttl_s)
-                record = record_for(request, gang_id, lease.lease_id, now)
-                if decision.preempted_lease_ids:
-                    return await self._preempting(key, lease, record, decision, now)
-                self._ledger.take(lease, record)
-                write = self._journal.write(
-                    [lease],
-                    requests=[record],
-                    apply=False,
-                    undo=self._undo([(lease, record)]),
-                    decision=decision,
-                )
+                decided = self._decide(request, gang_id, ttl_s, held)
+                if isinstance(decided, AdmitResult):
+                    return decided
+                write, taken = decided
                 self._track(key, write)
-            return (await self._settle(write, [_Taken(0, lease, record, decision)]))[0]
+            return (await self._settle(write, [taken]))[0]
 
-    async def _preempting(
-        self,
-        key: RequestKey,
-        lease: Lease,
-        record: RequestRecord,
-        decision: Decision,
-        now: float,
-    ) -> AdmitResult:
-        """Under the lock until durable: the victims' capacity is reused only once their
-        eviction is on disk, and a failed write has changed nothing at all."""
+    def _decide(
+        self, request: AdmissionRequest, gang_id: str | None, ttl_s: float | None, held: Held
+    ) -> AdmitResult | tuple[Write, _Taken]:
+        """Under the lock, with no await: the decision, and the write that carries it."""
+        if gang_id is not None:
+            self._check_gang_owner(gang_id, request.owner)
+        now = self._clock()
+        o = self.options
+        decision = decide(request, self._views(), o.rules, now=now, gate=o.gate)
+        if not decision.admitted:
+            return AdmitResult(decision)
+        decision = _lean(decision)
+        lease = self._new_lease(request, decision, now, gang_id, ttl_s)
+        record = record_for(request, gang_id, lease.lease_id, now)
+        taken = _Taken(0, lease, record, decision)
+        if decision.preempted_lease_ids:
+            write = self._preempting(lease, record, decision, now)
+            held.hand_to(write)  # alone on the ledger until the victims' end is durable
+            return write, taken
+        self._ledger.take(lease, record)
+        write = self._journal.write(
+            [lease],
+            requests=[record],
+            apply=False,
+            undo=self._undo([(lease, record)]),
+            decision=decision,
+        )
+        return write, taken
+
+    def _preempting(
+        self, lease: Lease, record: RequestRecord, decision: Decision, now: float
+    ) -> Write:
+        """The write of a preempting admission: the victims' capacity is reused only once
+        their eviction is on disk, and a failed write has changed nothing at all."""
         victims = [
             transition(
                 self._ledger.live[i],
@@ -150,9 +164,7 @@ class Admissions:
             )
             for i in decision.preempted_lease_ids
         ]
-        write = self._journal.write([lease, *victims], requests=[record], decision=decision)
-        self._track(key, write)
-        return (await self._settle(write, [_Taken(0, lease, record, decision)]))[0]
+        return self._journal.write([lease, *victims], requests=[record], decision=decision)
 
     def _undo(self, taken: list[tuple[Lease, RequestRecord]]) -> Callable[[], None]:
         """Give back exactly what a failed write had taken."""
@@ -321,7 +333,7 @@ class Admissions:
         results: dict[int, AdmitResult],
     ) -> tuple[list[_Taken], Write | None]:
         taken: list[_Taken] = []
-        async with self._lock:
+        async with self._lock.held():
             now = self._clock()
             o = self.options
             for at in order:

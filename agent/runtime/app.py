@@ -258,7 +258,7 @@ class App:
         )
         await self.node.load()
         self.device_plugin = await kubelet.start_device_plugin(
-            self.settings, self.node, self.events, clock=self.clock
+            self.settings, self.node, self.events, store=self.store, clock=self.clock
         )
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
         self.supervisor.spawn("state-pruner", self.node.pruner())

@@ -1,6 +1,10 @@
 """Whether each device takes new leases now, and why not: the store cannot write, an
 operator drained it, a control loop closed it (fault, degradation), or its MPS control
-daemon is down."""
+daemon is down.
+
+A drain or undrain of a device is one unit: the store's row, then the in-memory set and
+the event; a caller that goes away in between (Ctrl-C, a deadline) does not leave a
+device drained on disk and open in memory (:func:`agent.runtime.section.run_to_end`)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from collections.abc import Callable, Mapping
 from agent.core.errors import NotFoundError
 from agent.core.types import Device, MpsDaemonState, ReasonCode, SharingMode
 from agent.runtime.events import EventLog
+from agent.runtime.section import run_to_end
 from agent.state.port import StateStore
 
 
@@ -59,20 +64,24 @@ class Availability:
     async def drain(self, device_uuid: str | None, reason: str) -> list[str]:
         targets = self._targets(device_uuid)
         for uuid in targets:
-            await self._store.set_drained(uuid, reason or "drained", at=self._clock())
-            self.drained[uuid] = reason or "drained"
-            self._events(
-                "device.drained", f"closed to new leases: {reason or 'drained'}", device_uuid=uuid
-            )
+            await run_to_end(self._drain_one(uuid, reason or "drained"), what=f"drain of {uuid}")
         return targets
+
+    async def _drain_one(self, uuid: str, reason: str) -> None:
+        await self._store.set_drained(uuid, reason, at=self._clock())
+        self.drained[uuid] = reason
+        self._events("device.drained", f"closed to new leases: {reason}", device_uuid=uuid)
 
     async def undrain(self, device_uuid: str | None) -> list[str]:
         targets = [u for u in self._targets(device_uuid) if u in self.drained]
         for uuid in targets:
-            await self._store.set_drained(uuid, None, at=self._clock())
-            self.drained.pop(uuid, None)
-            self._events("device.undrained", "open to new leases again", device_uuid=uuid)
+            await run_to_end(self._undrain_one(uuid), what=f"undrain of {uuid}")
         return targets
+
+    async def _undrain_one(self, uuid: str) -> None:
+        await self._store.set_drained(uuid, None, at=self._clock())
+        self.drained.pop(uuid, None)
+        self._events("device.undrained", "open to new leases again", device_uuid=uuid)
 
     def _targets(self, device_uuid: str | None) -> list[str]:
         if not device_uuid:

@@ -1,6 +1,8 @@
 """How the ledger's changes reach the disk: one store commit per decision, the ledger
-applied in the same loop step that makes the change durable, the leases concerned held
-busy until the write settles, and exactly what was taken undone if it fails."""
+applied in the same loop step that makes the change durable (with whatever else must
+become true with it: ``then``), the leases concerned held busy until the write settles,
+and exactly what was taken undone if it fails. Events that explain a change (``notes``)
+travel in the same commit, before the leases' own events: a failed write tells nothing."""
 
 from __future__ import annotations
 
@@ -30,10 +32,13 @@ class Journal:
         apply: bool = True,
         undo: Callable[[], None] | None = None,
         decision: Decision | None = None,
+        notes: Sequence[Event] = (),
+        then: Callable[[], None] | None = None,
     ) -> Write:
-        """Start the write of ``leases`` (each with its event). ``apply``: install them in
-        the ledger once durable (changes of existing leases, and preempting admissions);
-        otherwise they were taken already and ``undo`` gives them back on failure."""
+        """Start the write of ``leases`` (each with its event, after ``notes``). ``apply``:
+        install them in the ledger once durable (changes of existing leases, and preempting
+        admissions); otherwise they were taken already and ``undo`` gives them back on
+        failure. ``then`` runs once durable, right after the ledger changed."""
         changes = list(leases)
 
         def durable(_events: Sequence[Event]) -> None:
@@ -41,10 +46,12 @@ class Journal:
                 self._ledger.apply(changes)
             for record in requests:
                 self._ledger.remember_request(record)
+            if then is not None:
+                then()
 
         batch = WriteBatch(
             changes,
-            [self.lease_event(x, decision) for x in changes],
+            [*notes, *(self.lease_event(x, decision) for x in changes)],
             requests,
             durable,
         )

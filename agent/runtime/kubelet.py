@@ -1,5 +1,7 @@
 """The agent's kubelet device plugin, when ``kubelet.enabled``, and its NRI plugin, when
-``kubelet.nri_socket`` is set too: wired here so the app only starts and stops them."""
+``kubelet.nri_socket`` is set too: wired here so the app only starts and stops them. The
+allocations made before a restart are read back before the plugin serves, and the node
+tells the allocator of each grant it answers (a retried bind starts its hold again)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from agent.nri.plugin import NriPlugin
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.runtime.podalloc import PodAllocator, PodOfUnits
+from agent.state.port import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +70,22 @@ class KubeletPlugins:
 
 
 async def start_device_plugin(
-    settings: Settings, node: NodeService, events: EventLog, *, clock: Callable[[], float]
+    settings: Settings,
+    node: NodeService,
+    events: EventLog,
+    *,
+    store: StateStore,
+    clock: Callable[[], float],
 ) -> KubeletPlugins | None:
     k = settings.kubelet
     if not k.enabled:
         return None
     client = PodResourcesClient(k.pod_resources_socket, resource_name=RESOURCE)
-    allocator = PodAllocator(node, events, k, pod_of_units=pod_lookup(client), clock=clock)
+    allocator = PodAllocator(
+        node, events, k, store=store, pod_of_units=pod_lookup(client), clock=clock
+    )
+    await allocator.load()
+    node.on_granted = allocator.granted
     server = DevicePluginServer(allocator, resource_name=RESOURCE, plugin_dir=k.plugin_dir)
     await server.start()
     log.info("kubelet device plugin for %s on %s (%d units)", RESOURCE, server.socket_path, k.slots)

@@ -7,6 +7,14 @@ refusing any computed from a version that is no longer current. Leases with a wr
 flight are ``busy``: a transition waits for that write before it decides, and a
 preemption never picks them. Per-device tallies are kept incrementally. Ended leases and
 request ids are remembered in bounded maps; older ones are read from the store.
+
+A gang's members are committed all or none. A gang lives while it has live members; the
+moment a reserved member ends (its TTL passed, it was released), in the same step that
+applies that end, the gang is marked uncommittable for the rest of that life, naming the
+member, so a commit decided after that step commits none of it, whoever ended the member
+and however the calls interleave. Once no member is live, the gang's id may start a new
+life. Its last outcome (``expired``, ``broken``, ``aborted``, ``committed``) is kept in a
+bounded map to answer a commit or abort asked again.
 """
 
 from __future__ import annotations
@@ -14,17 +22,35 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from agent.admission.policy import Tally
 from agent.core.errors import LeaseTransitionError
-from agent.core.lease import Lease
+from agent.core.lease import Lease, LeaseState
 from agent.state.port import RequestRecord
 
 ENDED_KEPT = 10_000  # ended leases remembered in memory
 REQUESTS_KEPT = 100_000  # request ids of ended leases remembered in memory
-GANGS_KEPT = 10_000  # recent gang outcomes ("expired", "aborted")
+GANGS_KEPT = 10_000  # recent gang outcomes ("expired", "broken", "aborted", "committed")
 RequestKey = tuple[str, str]  # (tenant, request id)
+
+
+@dataclass(frozen=True, slots=True)
+class GangEnd:
+    """What became of a gang: ``expired`` (a member's TTL passed before the commit),
+    ``broken`` (a member ended otherwise before the commit) or ``aborted``; ``member`` is
+    the lease that ended first, with its state, when one did on its own."""
+
+    outcome: str
+    member: str = ""
+
+    def why(self, gang_id: str) -> str:
+        if self.outcome == "expired":
+            text = f"gang {gang_id!r} expired before it was committed"
+        else:
+            text = f"gang {gang_id!r} was {self.outcome} before it was committed"
+        return f"{text} ({self.member})" if self.member else text
 
 
 class Ledger:
@@ -40,7 +66,9 @@ class Ledger:
         self._requests: dict[RequestKey, RequestRecord] = {}  # of live leases
         self._ended_requests: OrderedDict[RequestKey, RequestRecord] = OrderedDict()
         self.requests_complete = True  # every known request id is in memory
-        self.gangs: OrderedDict[str, str] = OrderedDict()
+        self.gangs: OrderedDict[str, GangEnd] = OrderedDict()
+        self._gang_live: Counter[str] = Counter()  # live members per gang
+        self._broken: dict[str, GangEnd] = {}  # live gangs that lost a reserved member
         self.live: Mapping[str, Lease] = MappingProxyType(self._live)
 
     # -- reading ---------------------------------------------------------------------------
@@ -131,6 +159,8 @@ class Ledger:
                 self._add(change)
             else:
                 self._end(change)
+                if current.state is LeaseState.RESERVED and change.gang_id:
+                    self._member_lost(change.gang_id, change)
 
     def restore(self, lease: Lease, record: RequestRecord | None) -> None:
         """At start: a live lease read back from the store."""
@@ -143,11 +173,34 @@ class Ledger:
         else:
             self._remember_ended_request(key, record)
 
-    def remember_gang(self, gang_id: str, outcome: str) -> None:
-        self.gangs[gang_id] = outcome
+    def remember_gang(self, gang_id: str, outcome: str, member: str = "") -> None:
+        self.gangs[gang_id] = GangEnd(outcome, member)
         self.gangs.move_to_end(gang_id)
         while len(self.gangs) > GANGS_KEPT:
             self.gangs.popitem(last=False)
+
+    def uncommittable(self, gang_id: str) -> GangEnd | None:
+        """Why the live members of this gang may not be committed (a member ended while
+        reserved in this life of the gang); None if nothing stands in the way."""
+        return self._broken.get(gang_id)
+
+    def restore_broken(self, gang_id: str, end: GangEnd) -> None:
+        """At start: the store shows that this live gang lost a reserved member."""
+        if self._gang_live[gang_id]:
+            self._broken.setdefault(gang_id, end)
+
+    def _member_lost(self, gang_id: str, lease: Lease) -> None:
+        """A reserved member ended: the first one of the gang's life says why the others
+        cannot commit. An abort, which ends them all, records its own outcome once its
+        write is durable."""
+        end = self._broken.get(gang_id)
+        if end is None:
+            outcome = "expired" if lease.state is LeaseState.EXPIRED else "broken"
+            detail = f"member {lease.lease_id} {lease.state.value}"
+            end = GangEnd(outcome, f"{detail}: {lease.reason}" if lease.reason else detail)
+        if self._gang_live[gang_id]:
+            self._broken[gang_id] = end
+        self.remember_gang(gang_id, end.outcome, end.member)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -158,6 +211,8 @@ class Ledger:
         self._tally[uuid] = self.tally(uuid).plus(lease)
         self._domains.setdefault(uuid, Counter())[lease.trust_domain] += 1
         self._tuples.pop(uuid, None)
+        if lease.gang_id:
+            self._gang_live[lease.gang_id] += 1
 
     def _remove(self, lease: Lease) -> None:
         uuid = lease.device_uuid
@@ -169,6 +224,11 @@ class Ledger:
         if domains[lease.trust_domain] <= 0:
             del domains[lease.trust_domain]
         self._tuples.pop(uuid, None)
+        if lease.gang_id:
+            self._gang_live[lease.gang_id] -= 1
+            if self._gang_live[lease.gang_id] <= 0:  # the gang's life is over
+                del self._gang_live[lease.gang_id]
+                self._broken.pop(lease.gang_id, None)
 
     def _end(self, lease: Lease) -> None:
         self._ended[lease.lease_id] = lease
@@ -190,3 +250,23 @@ class Ledger:
         ended = self._ended_requests
         while ended and next(iter(ended.values())).at < at:  # oldest first: O(1) a step
             ended.popitem(last=False)
+
+
+def lost_in_this_life(
+    gang_id: str, stored: Iterable[Lease], live: Sequence[Lease]
+) -> GangEnd | None:
+    """After a restart: did the gang lose a reserved member in the life its ``live``
+    members belong to? From its members as stored: one that ended by its first change
+    (reserved, then expired or released, but not by the gang's abort) no earlier than the
+    oldest live member was made. Times that tie count it lost: a commit refused is safe, a
+    gang committed in part is not."""
+    if not live:
+        return None
+    began_at = min(x.created_at for x in live)
+    aborted = f"gang {gang_id} aborted"
+    for lease in sorted(stored, key=lambda x: x.updated_at):
+        lost = lease.version == 2 and lease.state in (LeaseState.EXPIRED, LeaseState.RELEASED)
+        if lost and lease.reason != aborted and lease.updated_at >= began_at:
+            outcome = "expired" if lease.state is LeaseState.EXPIRED else "broken"
+            return GangEnd(outcome, f"member {lease.lease_id} {lease.state.value}")
+    return None

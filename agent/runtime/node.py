@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 from agent.admission.capacity import StandardSize, Stranded, stranded
 from agent.admission.policy import DeviceView, RetentionGate, Rules
@@ -26,6 +26,7 @@ from agent.core.types import (
     BatchResult,
     Device,
     DeviceLedger,
+    Event,
     GoneDevice,
     MpsDaemonState,
     ReasonCode,
@@ -34,8 +35,9 @@ from agent.runtime.admitting import AdmissionOptions, Admissions, ReadinessPredi
 from agent.runtime.availability import Availability
 from agent.runtime.events import EventLog
 from agent.runtime.journal import Journal
-from agent.runtime.ledger import REQUESTS_KEPT, Ledger
-from agent.runtime.transitions import Transitions
+from agent.runtime.ledger import REQUESTS_KEPT, Ledger, lost_in_this_life
+from agent.runtime.section import LedgerLock
+from agent.runtime.transitions import Notes, Transitions
 from agent.state.port import Retention, StateStore
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ class NodeService:
         self.ledger = Ledger(self.devices)
         self._gone: dict[str, GoneDevice] = {}
         events.owner_of = self.owner_of
-        lock = asyncio.Lock()
+        lock = LedgerLock()
         journal = Journal(self.ledger, store, events)
         self.availability = Availability(self.devices, store=store, events=events, clock=clock)
         options = AdmissionOptions(
@@ -91,6 +93,9 @@ class NodeService:
         self.transitions = Transitions(
             ledger=self.ledger, journal=journal, store=store, lock=lock, clock=clock
         )
+        # told of each lease an Admit answers with, and when that Admit began (the kubelet
+        # device plugin starts the hold of a pod lease granted again to its binder)
+        self.on_granted: Callable[[Lease, float], Awaitable[None]] = _no_grant_hook
 
     async def load(self) -> None:
         """Rebuild the ledger from the store; expire reservations whose TTL passed."""
@@ -105,6 +110,7 @@ class NodeService:
             self.ledger.remember_request(record)
         # Ids of ended leases beyond what memory holds are asked of the store.
         self.ledger.requests_complete = len(recent) <= REQUESTS_KEPT
+        await self._restore_gang_lives()
         await self.availability.load()
         await self.fail_leases_of_gone_devices()
         expired = await self.expire_reservations()
@@ -112,29 +118,57 @@ class NodeService:
             "ledger: %d live lease(s) restored, %d reservation(s) expired", len(live), len(expired)
         )
 
+    async def _restore_gang_lives(self) -> None:
+        """A live gang that lost a reserved member before the restart stays uncommittable."""
+        gangs = {
+            x.gang_id
+            for x in self.ledger.live.values()
+            if x.gang_id and x.state is LeaseState.RESERVED
+        }
+        for gang_id in sorted(gangs):
+            stored = await self._store.gang_leases(gang_id)
+            lost = lost_in_this_life(gang_id, stored, self.ledger.gang(gang_id))
+            if lost is not None:
+                self.ledger.restore_broken(gang_id, lost)
+
     async def fail_leases_of_gone_devices(self, gone_uuids: Collection[str] = ()) -> list[Lease]:
         """Leases on a device this node no longer has (a GPU gone, MIG repartitioned; at
         start, or ``gone_uuids`` found at run time) are failed, each with a
-        ``lease.device_gone`` event, instead of haunting no ledger."""
+        ``lease.device_gone`` event written in the same commit, just before its
+        ``lease.failed``: a failed write tells of neither, instead of haunting no ledger."""
         gone = [
             x
             for x in self.ledger.live.values()
             if x.device_uuid not in self.devices or x.device_uuid in gone_uuids
         ]
-        for lease in gone:
+        self._note_gone([], gone_uuids)
+        if not gone:
+            return []
+        failed = await self.end_leases(
+            [x.lease_id for x in gone],
+            LeaseState.FAILED,
+            "its device is gone",
+            notes=self._device_gone_notes,
+        )
+        self._note_gone([x.device_uuid for x in failed], ())
+        return failed
+
+    def _device_gone_notes(self, failing: list[Lease]) -> list[Event]:
+        notes = []
+        for lease in failing:
             log.warning(
                 "lease %s is on device %s, which is gone", lease.lease_id, lease.device_uuid
             )
-            self._events(
-                "lease.device_gone",
-                f"lease {lease.lease_id} was on device {lease.device_uuid}, which this node "
-                "no longer has: failed",
-                device_uuid=lease.device_uuid,
-                lease_id=lease.lease_id,
+            notes.append(
+                self._events.draft(
+                    "lease.device_gone",
+                    f"lease {lease.lease_id} was on device {lease.device_uuid}, which this "
+                    "node no longer has: failed",
+                    device_uuid=lease.device_uuid,
+                    lease_id=lease.lease_id,
+                )
             )
-        self._note_gone([x.device_uuid for x in gone], gone_uuids)
-        ids = [x.lease_id for x in gone]
-        return await self.end_leases(ids, LeaseState.FAILED, "its device is gone") if ids else []
+        return notes
 
     def _note_gone(self, lease_devices: list[str], gone_uuids: Collection[str]) -> None:
         """Remember each gone device and the leases failed on it, for ``gpushare status``."""
@@ -204,7 +238,11 @@ class NodeService:
     async def admit(
         self, request: AdmissionRequest, *, gang_id: str | None = None, ttl_s: float | None = None
     ) -> AdmitResult:
-        return await self.admissions.admit(request, gang_id=gang_id, ttl_s=ttl_s)
+        asked_at = self._clock()
+        result = await self.admissions.admit(request, gang_id=gang_id, ttl_s=ttl_s)
+        if result.lease is not None and result.decision.admitted:
+            await self.on_granted(result.lease, asked_at)
+        return result
 
     async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> BatchResult:
         return await self.admissions.admit_batch(requests)
@@ -232,9 +270,14 @@ class NodeService:
         return await self.transitions.mark_ineffective(lease)
 
     async def end_leases(
-        self, lease_ids: Sequence[str], target: LeaseState, reason: str
+        self,
+        lease_ids: Sequence[str],
+        target: LeaseState,
+        reason: str,
+        *,
+        notes: Notes | None = None,
     ) -> list[Lease]:
-        return await self.transitions.end_leases(lease_ids, target, reason)
+        return await self.transitions.end_leases(lease_ids, target, reason, notes=notes)
 
     async def expire_reservations(self) -> list[Lease]:
         return await self.transitions.expire_reservations()
@@ -296,3 +339,7 @@ class NodeService:
         self.ledger.forget_requests_before(now - self.retention.ended_s)
         if pruned.leases or pruned.events or pruned.requests:
             log.info("pruned %s", pruned)
+
+
+async def _no_grant_hook(_lease: Lease, _asked_at: float) -> None:
+    return None

@@ -3,28 +3,43 @@
 ``Allocate`` does not say which pod it is for. The scheduler extender binds the pods of a
 node one at a time, each after the previous was allocated (or its hold expired), so the
 lease to hand out is the oldest lease of a pod that is admitted, not yet allocated and
-whose hold has not expired. ``PreStartContainer`` then checks with the kubelet's
-PodResources which pod those share units went to: a container of another pod than the
-lease's is refused (and an event says so), never run with another pod's limits.
+whose hold has not expired. A hold runs from the lease's latest grant: its admission (or
+its gang's commit), or an ``Admit`` with the same request id answered again to its binder,
+so a bind retried after the hold still gets an allocatable lease. ``PreStartContainer``
+then checks with the kubelet's PodResources which pod those share units went to: a
+container of another pod than the lease's is refused (and an event says so), never run
+with another pod's limits. ``Allocate`` for ids this plugin does not advertise is refused
+before any lease is looked at.
+
+Every pairing is a durable fact (:mod:`agent.runtime.allocations`): the lease handed to
+some share units, units answered with the NRI marker, a grant repeated, the pod found at
+PreStartContainer. Each is on disk before the kubelet, the runtime or the binder hears
+back, and the book is read back at start. So an agent restarted between Allocate and
+PreStartContainer, or between a grant and its Binding, resumes where it was, and never
+hands a running pod's lease to the next pod.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 
 from agent.config.kubelet import KubeletSettings
+from agent.core.errors import StateError
 from agent.core.lease import Lease, LeaseState, pod_uid_of
-from agent.core.types import Decision
+from agent.core.types import Decision, Event
 from agent.kubelet.port import LEASE_ANNOTATION, AllocationRefused, ContainerAllocation, Mount
 from agent.nri.port import BindMount, Injection, InjectionRefused, PodRef
+from agent.runtime.allocations import KEPT, AllocationBook
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
+from agent.state.port import AllocationKind, AllocationRecord, StateStore, WriteBatch
 
 log = logging.getLogger(__name__)
 
 SHM_PATH = "/dev/shm"
-KEPT = 10_000  # allocations remembered (a node runs far fewer pods)
 # With the NRI plugin registered, Allocate hands out this marker and no device; the
 # plugin gives each container that carries it its pod's lease at CreateContainer. If
 # the plugin is gone by then, the container starts with no GPU ("void"), never another
@@ -37,20 +52,46 @@ PodOfUnits = Callable[[Sequence[str]], Awaitable[str | None]]
 
 
 def next_hold(
-    leases: Iterable[Lease], allocated: Iterable[str], *, now: float, hold_s: float
+    leases: Iterable[Lease],
+    allocated: Collection[str],
+    *,
+    now: float,
+    hold_s: float,
+    granted_at: Mapping[str, float] | None = None,
 ) -> Lease | None:
-    """The oldest admitted pod lease not allocated yet whose hold (from its admission) has
-    not expired."""
-    done = set(allocated)
+    """The oldest admitted pod lease not allocated yet whose hold has not expired. A hold
+    runs from the lease's latest grant: its own time (admission, or its gang's commit), or
+    a later grant of the same lease in ``granted_at``."""
+    again = granted_at or {}
     waiting = [
         x
         for x in leases
         if x.pod
         and x.state is LeaseState.ADMITTED
-        and x.lease_id not in done
-        and now - x.updated_at <= hold_s
+        and x.lease_id not in allocated
+        and now - max(x.updated_at, again.get(x.lease_id, x.updated_at)) <= hold_s
     ]
     return min(waiting, key=lambda x: (x.created_at, x.lease_id), default=None)
+
+
+def holds_again(
+    lease: Lease, asked_at: float, *, taken: Collection[str], granted_at: Mapping[str, float]
+) -> bool:
+    """Whether an Admit that began at ``asked_at`` and answered with ``lease`` starts the
+    lease's hold again: a pod lease waiting for its Allocate, granted before that Admit
+    began (the same request id asked again: a retried bind), not since then."""
+    return (
+        bool(lease.pod)
+        and lease.state is LeaseState.ADMITTED
+        and lease.lease_id not in taken
+        and lease.updated_at < asked_at
+        and granted_at.get(lease.lease_id, lease.updated_at) < asked_at
+    )
+
+
+def unadvertised(device_ids: Sequence[str], advertised: Collection[str]) -> list[str]:
+    """The ids of an Allocate that the plugin never advertised."""
+    return [d for d in dict.fromkeys(device_ids) if d not in advertised]
 
 
 class PodAllocator:
@@ -60,37 +101,45 @@ class PodAllocator:
         events: EventLog,
         settings: KubeletSettings,
         *,
+        store: StateStore,
         pod_of_units: PodOfUnits,
         clock: Callable[[], float],
     ) -> None:
         self._node = node
         self._events = events
         self._settings = settings
+        self._store = store
         self._pod_of_units = pod_of_units
         self._clock = clock
-        self._by_units: dict[frozenset[str], str] = {}  # share units -> lease id
-        # every lease handed out, newest last: share units are given to the next pod when a
-        # pod ends, so the units' entry alone would make a live lease look unallocated
-        self._allocated: dict[str, None] = {}
-        self._deferred: dict[frozenset[str], None] = {}  # units handed out for NRI to fill
+        self._book = AllocationBook()
+        self._advertised = frozenset(self.device_ids())
         self.nri_registered = False  # set by the NRI plugin as it (un)registers
+
+    async def load(self) -> None:
+        """Read the book back from the store: at start, before the kubelet can call."""
+        records = await self._store.allocation_records()
+        self._book = AllocationBook.replay(records)
+        self._book.forget_all_but(self._node.leases.keys())
+        log.info("kubelet allocations: %d record(s) read back", len(records))
 
     def device_ids(self) -> Sequence[str]:
         return [f"share-{i}" for i in range(self._settings.slots)]
 
+    # -- Allocate --------------------------------------------------------------------------
+
     async def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        units = frozenset(device_ids)
+        units = self._advertised_units(device_ids)
+        now = self._clock()
         if self.nri_registered:
-            self._by_units.pop(units, None)  # reused units: what they carry now is this
-            self._deferred[units] = None
-            while len(self._deferred) > KEPT:
-                del self._deferred[next(iter(self._deferred))]
+            deferred = AllocationRecord(AllocationKind.DEFERRED, now, units=tuple(sorted(units)))
+            await self._recorded([deferred], what="the units deferred to the NRI plugin")
             return ContainerAllocation(envs=dict(DEFERRED_ENV))
         lease = next_hold(
             self._node.leases.values(),
-            self._allocated,
-            now=self._clock(),
+            self._book.taken,
+            now=now,
             hold_s=self._settings.hold_s,
+            granted_at=self._book.granted_at,
         )
         if lease is None:
             raise AllocationRefused(
@@ -98,15 +147,77 @@ class PodAllocator:
                 "gpushare.io/share must be bound by the gpushare scheduler (and within "
                 f"{self._settings.hold_s:.0f} s)"
             )
-        self._deferred.pop(units, None)  # reused units: checked with PodResources again
-        self._remember(units, lease.lease_id)
-        self._events(
+        record = AllocationRecord(
+            AllocationKind.ALLOCATED, now, lease.lease_id, units=tuple(sorted(units))
+        )
+        told = self._allocated_event(lease, "allocated by the kubelet")
+        await self._recorded([record], [told], holding=lease.lease_id, what="the allocation")
+        return self._allocation(lease)
+
+    def _advertised_units(self, device_ids: Sequence[str]) -> frozenset[str]:
+        if not device_ids:
+            raise AllocationRefused("Allocate names no share unit: no lease is handed out")
+        unknown = unadvertised(device_ids, self._advertised)
+        if unknown:
+            raise AllocationRefused(
+                f"share units {unknown} are not among the {len(self._advertised)} this "
+                f"node's gpushare agent advertises (share-0 to "
+                f"share-{len(self._advertised) - 1}): no lease is handed out"
+            )
+        return frozenset(device_ids)
+
+    async def _recorded(
+        self,
+        records: Sequence[AllocationRecord],
+        events: Sequence[Event] = (),
+        *,
+        holding: str | None = None,
+        what: str,
+    ) -> None:
+        """Make the records (with their events) durable before the kubelet hears back;
+        refuse when they cannot be written."""
+        try:
+            await self._write(records, events, holding=holding)
+        except StateError as exc:
+            raise AllocationRefused(f"cannot record {what} on this node: {exc}") from exc
+
+    async def _write(
+        self,
+        records: Sequence[AllocationRecord],
+        events: Sequence[Event] = (),
+        *,
+        holding: str | None = None,
+    ) -> None:
+        """Write ``records`` and ``events`` in one commit; the book takes the records once
+        they are durable. ``holding``: a lease nobody else gets while this write runs. The
+        write goes on if the caller goes away; raises StateError if it fails."""
+
+        def durable(_numbered: Sequence[Event]) -> None:
+            for record in records:
+                self._book.apply(record)
+            if self._book.size() > KEPT:
+                self._book.forget_all_but(self._node.leases.keys())
+
+        if holding is not None:
+            self._book.hold(holding)
+        batch = WriteBatch(events=events, on_durable=durable, allocations=records)
+        write = asyncio.ensure_future(self._store.commit(batch))
+        write.add_done_callback(functools.partial(self._settled, holding))
+        await asyncio.shield(write)
+
+    def _settled(self, holding: str | None, write: asyncio.Future[list[Event]]) -> None:
+        if holding is not None:
+            self._book.unhold(holding)
+        if not write.cancelled():
+            write.exception()  # heard by the caller, if it is still there
+
+    def _allocated_event(self, lease: Lease, how: str) -> Event:
+        return self._events.draft(
             "lease.allocated",
-            f"lease {lease.lease_id} of pod {lease.pod} allocated by the kubelet",
+            f"lease {lease.lease_id} of pod {lease.pod} {how}",
             device_uuid=lease.device_uuid,
             lease_id=lease.lease_id,
         )
-        return self._allocation(lease)
 
     def _allocation(self, lease: Lease) -> ContainerAllocation:
         result = self._node.admissions.result(Decision(True, lease.device_uuid), lease)
@@ -122,24 +233,37 @@ class PodAllocator:
             annotations={LEASE_ANNOTATION: lease.lease_id},
         )
 
-    def _remember(self, units: frozenset[str], lease_id: str) -> None:
-        self._by_units[units] = lease_id
-        while len(self._by_units) > KEPT:
-            del self._by_units[next(iter(self._by_units))]
-        self._mark_allocated(lease_id)
+    # -- a grant repeated to its binder ----------------------------------------------------
 
-    def _mark_allocated(self, lease_id: str) -> None:
-        self._allocated[lease_id] = None
-        while len(self._allocated) > KEPT:
-            del self._allocated[next(iter(self._allocated))]
+    async def granted(self, lease: Lease, asked_at: float) -> None:
+        """The node's hook for each Admit answered: a pod lease granted again to its binder
+        (same request id: a retried bind) starts its hold again, recorded before the binder
+        hears back. If that cannot be written, the hold runs from the last recorded grant:
+        the pod may fail its Allocate, never get another pod's lease."""
+        if not holds_again(
+            lease, asked_at, taken=self._book.taken, granted_at=self._book.granted_at
+        ):
+            return
+        record = AllocationRecord(AllocationKind.GRANTED, asked_at, lease.lease_id, pod=lease.pod)
+        try:
+            await self._write([record])
+        except StateError as exc:
+            log.warning(
+                "lease %s of pod %s granted again, but its hold cannot start again: %s",
+                lease.lease_id,
+                lease.pod,
+                exc,
+            )
+
+    # -- PreStartContainer -----------------------------------------------------------------
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         """Refuse a container whose share units went to another pod than their lease's."""
         units = frozenset(device_ids)
-        if units in self._deferred:
+        if self._book.deferred(units):
             return  # the NRI plugin checks the pod at CreateContainer
         holder = await self._pod_of_units(device_ids)
-        lease_id = self._by_units.get(units) or self._lease_of_pod(holder)
+        lease_id = self._book.lease_of(units) or self._lease_of_pod(holder)
         lease = self._node.leases.get(lease_id) if lease_id else None
         if lease is None:
             raise AllocationRefused(
@@ -157,11 +281,26 @@ class PodAllocator:
                 f"share units allocated with lease {lease.lease_id} of pod {lease.pod}, but "
                 f"the kubelet gave them to pod {holder or 'unknown'}: refused"
             )
+        if self._book.pod_of(lease.lease_id) != holder:
+            await self._note_checked(lease, units)
+
+    async def _note_checked(self, lease: Lease, units: frozenset[str]) -> None:
+        """Record the pod found with the lease's units (its first PreStartContainer)."""
+        record = AllocationRecord(
+            AllocationKind.CHECKED, self._clock(), lease.lease_id, tuple(sorted(units)), lease.pod
+        )
+        try:
+            await self._write([record])
+        except StateError as exc:  # the pairing itself is on disk since its Allocate
+            log.warning("pod %s of lease %s not recorded: %s", lease.pod, lease.lease_id, exc)
 
     def _lease_of_pod(self, pod: str | None) -> str | None:
-        """After an agent restart: the live lease made for this pod."""
+        """Units with no record (allocated before records were kept): the live lease made
+        for this pod."""
         found = [x.lease_id for x in self._node.leases.values() if pod and x.pod == pod]
         return found[0] if found else None
+
+    # -- CreateContainer (NRI) -------------------------------------------------------------
 
     async def inject(self, pod: PodRef, container: str, env: Sequence[str]) -> Injection | None:
         """At CreateContainer (NRI): the lease of the container's pod, for a container
@@ -187,15 +326,22 @@ class PodAllocator:
             raise InjectionRefused(
                 f"lease {lease.lease_id} belongs to pod {lease.pod}, not to {pod.key}: refused"
             )
-        if lease.lease_id not in self._allocated:
-            self._mark_allocated(lease.lease_id)
-            self._events(
-                "lease.allocated",
-                f"lease {lease.lease_id} of pod {lease.pod} given to its container "
-                f"{container} by the runtime (NRI)",
-                device_uuid=lease.device_uuid,
-                lease_id=lease.lease_id,
-            )
+        if not self._book.handed_out(lease.lease_id):
+            await self._record_injected(lease, pod, container)
         allocation = self._allocation(lease)
         mounts = [BindMount(m.host_path, m.container_path, m.read_only) for m in allocation.mounts]
         return Injection(env=allocation.envs, mounts=mounts, annotations=allocation.annotations)
+
+    async def _record_injected(self, lease: Lease, pod: PodRef, container: str) -> None:
+        record = AllocationRecord(
+            AllocationKind.ALLOCATED, self._clock(), lease.lease_id, pod=pod.key
+        )
+        told = self._allocated_event(
+            lease, f"given to its container {container} by the runtime (NRI)"
+        )
+        try:
+            await self._write([record], [told], holding=lease.lease_id)
+        except StateError as exc:
+            raise InjectionRefused(
+                f"cannot record the allocation of lease {lease.lease_id} on this node: {exc}"
+            ) from exc

@@ -9,6 +9,11 @@ write has changed nothing. A transition that no longer applies answers cleanly
 and Abort are idempotent: asking again for what is done answers the same. With an
 ``owner`` they act only on leases that owner made (a lease's owner never changes, so the
 check needs no lock); ``owner=None`` is the node itself or the on-call engineer.
+
+A caller that goes away (its deadline, a cancelled task) at any ``await`` leaves a
+consistent ledger: before the decision nothing happened; once decided, the write goes on
+and is applied when durable, with everything that must become true with it (a gang's
+outcome) applied in that same step rather than after the caller's ``await``.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from agent.core.errors import (
     StateError,
 )
 from agent.core.lease import ALLOWED_TRANSITIONS, Lease, LeaseState, transition
+from agent.core.types import Event
 from agent.runtime.journal import Journal, Write
-from agent.runtime.ledger import Ledger
+from agent.runtime.ledger import GangEnd, Ledger
+from agent.runtime.section import LedgerLock
 from agent.state.port import StateStore
 
 log = logging.getLogger(__name__)
 Plan = Callable[[], list[Lease]]
+Notes = Callable[[list[Lease]], list[Event]]  # events that explain a change, drafted
 
 
 class Transitions:
@@ -41,7 +49,7 @@ class Transitions:
         ledger: Ledger,
         journal: Journal,
         store: StateStore,
-        lock: asyncio.Lock,
+        lock: LedgerLock,
         clock: Callable[[], float],
     ) -> None:
         self._ledger = ledger
@@ -50,17 +58,26 @@ class Transitions:
         self._lock = lock
         self._clock = clock
 
-    async def _run(self, ids: Callable[[], Sequence[str]], plan: Plan) -> list[Lease]:
+    async def _run(
+        self,
+        ids: Callable[[], Sequence[str]],
+        plan: Plan,
+        *,
+        notes: Notes | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> list[Lease]:
         """Under the lock, once none of ``ids()`` is busy: ``plan`` computes the changes
-        from the ledger as it is; they are written, and applied once durable."""
+        from the ledger as it is; they are written (after ``notes`` of them), and applied
+        once durable, with ``then``. A cancelled caller leaves the write to finish."""
         while True:
-            async with self._lock:
+            async with self._lock.held():
                 waits = self._ledger.busy(ids())
                 if not waits:
                     moved = plan()
                     if not moved:
                         return []
-                    write: Write = self._journal.write(moved)
+                    drafted = notes(moved) if notes is not None else []
+                    write: Write = self._journal.write(moved, notes=drafted, then=then)
                     break
             await asyncio.wait(waits)
         await asyncio.shield(write)
@@ -78,11 +95,19 @@ class Transitions:
     # -- the control loops' endings ---------------------------------------------------------
 
     async def end_leases(
-        self, lease_ids: Sequence[str], target: LeaseState, reason: str
+        self,
+        lease_ids: Sequence[str],
+        target: LeaseState,
+        reason: str,
+        *,
+        notes: Notes | None = None,
     ) -> list[Lease]:
         """End those of ``lease_ids`` still live (released, failed, evicted); ones that
-        ended meanwhile are left as they are."""
-        return await self._run(lambda: lease_ids, lambda: self._moves(lease_ids, target, reason))
+        ended meanwhile are left as they are. ``notes`` drafts the events that explain the
+        ends, written with them."""
+        return await self._run(
+            lambda: lease_ids, lambda: self._moves(lease_ids, target, reason), notes=notes
+        )
 
     async def mark_ready(self, lease: Lease, client_pids: list[int]) -> Lease | None:
         """A client of the lease appeared on its device. Refused (None) if the lease moved
@@ -141,15 +166,6 @@ class Transitions:
     def _gang_ids(self, gang_id: str) -> Callable[[], list[str]]:
         return lambda: [x.lease_id for x in self._ledger.gang(gang_id)]
 
-    async def _expired_before(self, gang_id: str) -> bool:
-        """Has a member of this gang expired already (in memory, or as stored)?"""
-        if self._ledger.gangs.get(gang_id) == "expired":
-            return True
-        ended = self._ledger.ended_gang(gang_id) or [
-            x for x in await self._store.gang_leases(gang_id) if not x.state.holds_capacity
-        ]
-        return any(x.state is LeaseState.EXPIRED for x in ended)
-
     async def _check_gang_owner(self, gang_id: str, owner: str | None) -> None:
         if owner is None:
             return
@@ -159,29 +175,41 @@ class Transitions:
         _check_owner(members, owner, f"gang {gang_id!r}")
 
     async def commit(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
+        """All reserved members become admitted in one write, or none: one decision under
+        the lock, from the ledger as it is once no member's write is in flight. A member
+        that ended while reserved in this life of the gang (expired by the reaper
+        meanwhile, released) or whose TTL has passed makes the commit expire the others and
+        answer which."""
         await self._check_gang_owner(gang_id, owner)
-        expired: list[bool] = []
-        gone = await self._expired_before(gang_id)
+        refused: list[GangEnd] = []
 
         def plan() -> list[Lease]:
             reserved = [x for x in self._ledger.gang(gang_id) if x.state is LeaseState.RESERVED]
-            now = self._clock()
             ids = [x.lease_id for x in reserved]
-            if gone or any(x.expires_at is not None and x.expires_at <= now for x in reserved):
-                expired.append(True)
-                return self._moves(ids, LeaseState.EXPIRED, "gang expired before commit")
+            end = self._ledger.uncommittable(gang_id) or self._overdue(reserved)
+            if end is not None:
+                refused.append(end)
+                return self._moves(ids, LeaseState.EXPIRED, end.why(gang_id))
             return self._moves(ids, LeaseState.ADMITTED, f"gang {gang_id} committed")
 
-        moved = await self._run(self._gang_ids(gang_id), plan)
-        if expired:
-            self._ledger.remember_gang(gang_id, "expired")
-            raise ConflictError(f"gang {gang_id!r} expired before it was committed")
+        def committed() -> None:
+            if not refused:
+                self._ledger.remember_gang(gang_id, "committed")
+
+        moved = await self._run(self._gang_ids(gang_id), plan, then=committed)
+        if refused:
+            raise ConflictError(refused[0].why(gang_id))
         if moved:
             return moved
         members = self._ledger.gang(gang_id)
         if members:
             return members  # committed before: answer the same
         return await self._ended_gang(gang_id, asked="commit")
+
+    def _overdue(self, reserved: Sequence[Lease]) -> GangEnd | None:
+        now = self._clock()
+        due = [x for x in reserved if x.expires_at is not None and x.expires_at <= now]
+        return GangEnd("expired", f"member {due[0].lease_id} passed its TTL") if due else None
 
     async def abort(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
         await self._check_gang_owner(gang_id, owner)
@@ -193,9 +221,11 @@ class Transitions:
                 return []
             return self._moves(ids, LeaseState.RELEASED, f"gang {gang_id} aborted")
 
-        moved = await self._run(self._gang_ids(gang_id), plan)
-        if moved:
+        def aborted() -> None:
             self._ledger.remember_gang(gang_id, "aborted")
+
+        moved = await self._run(self._gang_ids(gang_id), plan, then=aborted)
+        if moved:
             return moved
         if self._ledger.gang(gang_id):
             raise ConflictError(
@@ -205,7 +235,8 @@ class Transitions:
 
     async def _ended_gang(self, gang_id: str, *, asked: str) -> list[Lease]:
         """A gang with no live member: what became of it (memory first, then the store)."""
-        outcome = self._ledger.gangs.get(gang_id)
+        known = self._ledger.gangs.get(gang_id)
+        outcome = known.outcome if known is not None else None
         ended = self._ledger.ended_gang(gang_id) or await self._store.gang_leases(gang_id)
         if outcome is None and ended:
             outcome = _outcome(ended)
@@ -213,8 +244,8 @@ class Transitions:
             raise NotFoundError(f"no reservation held for gang {gang_id!r}")
         if asked == "abort" and outcome == "aborted":
             return ended  # aborted before: answer the same
-        if outcome == "expired":
-            raise ConflictError(f"gang {gang_id!r} expired before it was committed")
+        if outcome in ("expired", "broken"):
+            raise ConflictError((known or GangEnd(outcome)).why(gang_id))
         raise ConflictError(f"gang {gang_id!r} was {outcome}: nothing to {asked}")
 
     # -- reservations ----------------------------------------------------------------------
@@ -244,10 +275,7 @@ class Transitions:
             ]
             return self._moves(still, LeaseState.EXPIRED, "reservation TTL passed")
 
-        moved = await self._run(lambda: due, plan)
-        for gang in {x.gang_id for x in moved if x.gang_id}:
-            self._ledger.remember_gang(gang, "expired")
-        return moved
+        return await self._run(lambda: due, plan)
 
     async def reaper_round(self, *, heartbeat: bool) -> None:
         """One round of the reservation reaper; never raises (the core task must live)."""

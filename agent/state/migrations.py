@@ -131,6 +131,21 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE leases ADD COLUMN pod TEXT NOT NULL DEFAULT '';
     """,
+    # 9: the kubelet device plugin's allocations, in the order they happened: which lease
+    # went to which share units (JSON list), a pod lease granted again to its binder, the
+    # pod found holding the units (agent.runtime.podalloc)
+    """
+    CREATE TABLE allocations (
+        seq INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        at REAL NOT NULL,
+        lease_id TEXT NOT NULL DEFAULT '',
+        units TEXT NOT NULL DEFAULT '[]',
+        pod TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX allocations_by_lease ON allocations (lease_id);
+    CREATE INDEX allocations_by_units ON allocations (units);
+    """,
 )
 
 

@@ -1,9 +1,11 @@
-"""Port of the state domain: the durable store of leases, request ids and events."""
+"""Port of the state domain: the durable store of leases, request ids, events and the
+kubelet device plugin's allocations."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from agent.core.lease import Lease
@@ -23,6 +25,28 @@ class RequestRecord(NamedTuple):
     at: float
 
 
+class AllocationKind(StrEnum):
+    """What an :class:`AllocationRecord` says happened."""
+
+    GRANTED = "granted"  # a pod lease granted again to its binder: its hold starts again
+    ALLOCATED = "allocated"  # the lease handed out: to the share units, or by NRI (no units)
+    DEFERRED = "deferred"  # the units answered with the NRI marker: no lease yet
+    CHECKED = "checked"  # PreStartContainer found the lease's units with its own pod
+
+
+class AllocationRecord(NamedTuple):
+    """One fact of the kubelet device plugin, in the order they happened: which lease went
+    to which share units (the kubelet's device ids, sorted), when a pod lease was granted
+    again, which pod was found holding the units. Written before the kubelet (or the
+    binder) hears back; read back at start."""
+
+    kind: AllocationKind
+    at: float
+    lease_id: str = ""
+    units: tuple[str, ...] = ()
+    pod: str = ""  # "<namespace>/<name>", once known
+
+
 @dataclass(slots=True)
 class WriteBatch:
     """One caller's part of a group commit.
@@ -31,24 +55,30 @@ class WriteBatch:
     ``on_durable`` runs on the event loop once the batch is on disk, before its events are
     published and before the caller hears back; it is how the ledger applies a change
     exactly when it becomes true. A failed write runs nothing and numbers nothing.
+    ``allocations`` are the kubelet device plugin's records, written in the same
+    transaction.
     """
 
     leases: Sequence[Lease] = ()
     events: Sequence[Event] = ()
     requests: Sequence[RequestRecord] = ()
     on_durable: Callable[[Sequence[Event]], None] | None = None
+    allocations: Sequence[AllocationRecord] = ()
     numbered: list[Event] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
 class Retention:
     """How long ended things are kept: ended leases with their request ids, events (by age
-    and count), and rows of lease history (by count)."""
+    and count), and rows of lease history (by count). Allocation records go with their
+    lease; of units deferred to the NRI plugin, the last record of each set of units is
+    kept until they are handed out again (``max_deferred`` at most)."""
 
     ended_s: float = 7 * 86400.0
     events_s: float = 7 * 86400.0
     max_events: int = 100_000
     max_history: int = 1_000_000
+    max_deferred: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +87,14 @@ class Pruned:
     requests: int = 0
     events: int = 0
     history: int = 0
+    allocations: int = 0
 
 
 class StateStore(Protocol):
-    """Leases, request ids and events on disk. ``commit`` returns once they are durable
-    (fsync'd); concurrent commits share one sync (group commit). Reads that can be large
-    (event catch-up, lookups of old ids) use a connection of their own, never the
-    writer's thread."""
+    """Leases, request ids, events and allocation records on disk. ``commit`` returns once
+    they are durable (fsync'd); concurrent commits share one sync (group commit). Reads
+    that can be large (event catch-up, lookups of old ids) use a connection of their own,
+    never the writer's thread."""
 
     epoch: int  # this start's boot epoch (after ``start``)
     on_published: Callable[[Sequence[Event]], None]  # every durable batch's events, in order
@@ -95,6 +126,10 @@ class StateStore(Protocol):
     async def set_drained(self, device_uuid: str, reason: str | None, *, at: float) -> None: ...
 
     async def drained(self) -> dict[str, str]: ...
+
+    async def allocation_records(self) -> list[AllocationRecord]:
+        """Every allocation record kept, oldest first (read in pages)."""
+        ...
 
     async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
         """Leases that ended (oldest first): the readiness predictor's training rows."""

@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 from agent.core.errors import StateError
 from agent.core.lease import Lease
 from agent.core.types import Event, HistoryRow
-from agent.state.port import RequestRecord
+from agent.state.port import AllocationRecord, RequestRecord
 from agent.state.rows import (
+    ALLOCATION_COLUMNS,
     EVENT_COLUMNS,
     LEASE_SELECT,
     LIVE_STATES,
     REQUEST_COLUMNS,
+    allocation_from_row,
     event_from_row,
     lease_from_row,
     request_from_row,
@@ -134,6 +136,22 @@ class SqliteReader:
         return await self.rows(
             f"{LEASE_SELECT} WHERE state IN ({marks})", LIVE_STATES, lease_from_row
         )
+
+    async def allocation_records(self) -> list[AllocationRecord]:
+        """Every allocation record, oldest first, a page at a time (the table holds the
+        records of live leases, and the last deferral of units to NRI)."""
+        records: list[AllocationRecord] = []
+        last = 0
+        while True:
+            rows = await self.query(
+                f"SELECT seq, {ALLOCATION_COLUMNS} FROM allocations WHERE seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (last, MAX_PAGE),
+            )
+            records.extend(allocation_from_row(r[1:]) for r in rows)
+            if len(rows) < MAX_PAGE:
+                return records
+            last = int(rows[-1][0])
 
     async def history(self, *, since: float, limit: int) -> list[HistoryRow]:
         rows = await self.query(

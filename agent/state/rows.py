@@ -7,7 +7,7 @@ from typing import Any
 
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Event, PriorityClass
-from agent.state.port import RequestRecord
+from agent.state.port import AllocationKind, AllocationRecord, RequestRecord
 
 LEASE_COLUMNS = (
     "lease_id",
@@ -49,6 +49,8 @@ HISTORY_INSERT = (
 )
 REQUEST_COLUMNS = "tenant, request_id, fingerprint, canonical, lease_id, at"
 REQUEST_INSERT = f"INSERT OR REPLACE INTO requests ({REQUEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+ALLOCATION_COLUMNS = "kind, at, lease_id, units, pod"
+ALLOCATION_INSERT = f"INSERT INTO allocations ({ALLOCATION_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
 LIVE_STATES = tuple(s.value for s in LeaseState if s.holds_capacity)
 ENDED_STATES = tuple(s.value for s in LeaseState if not s.holds_capacity)
 
@@ -135,3 +137,13 @@ def request_row(record: RequestRecord) -> tuple[Any, ...]:
 
 def request_from_row(r: tuple[Any, ...]) -> RequestRecord:
     return RequestRecord(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5]))
+
+
+def allocation_row(record: AllocationRecord) -> tuple[Any, ...]:
+    units = json.dumps(sorted(record.units))
+    return (record.kind.value, record.at, record.lease_id, units, record.pod)
+
+
+def allocation_from_row(r: tuple[Any, ...]) -> AllocationRecord:
+    units = tuple(str(u) for u in json.loads(r[3]))
+    return AllocationRecord(AllocationKind(r[0]), float(r[1]), str(r[2]), units, str(r[4]))

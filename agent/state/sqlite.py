@@ -8,7 +8,9 @@ each part's ``on_durable`` (the ledger applies the change), hands the batch's ev
 back, and no event is seen, before its rows are on disk; a failed write publishes nothing,
 reuses its numbers, fails every caller of that batch with :class:`StateError` and marks the
 store unwritable until a write succeeds again. Reads go through :class:`SqliteReader`, on a
-connection and a thread of their own.
+connection and a thread of their own. The kubelet device plugin's allocation records take
+the same path (and the same transaction as whatever else their batch holds); the pruner
+drops them once their lease has ended.
 """
 
 from __future__ import annotations
@@ -27,15 +29,24 @@ from agent.core.errors import StateError
 from agent.core.lease import Lease
 from agent.core.types import Event, HistoryRow
 from agent.state.migrations import migrate
-from agent.state.port import Pruned, RequestRecord, Retention, WriteBatch
+from agent.state.port import (
+    AllocationKind,
+    AllocationRecord,
+    Pruned,
+    RequestRecord,
+    Retention,
+    WriteBatch,
+)
 from agent.state.reader import SqliteReader
 from agent.state.rows import (
+    ALLOCATION_INSERT,
     ENDED_STATES,
     EVENT_INSERT,
     HISTORY_INSERT,
     LEASE_INSERT,
     LIVE_STATES,
     REQUEST_INSERT,
+    allocation_row,
     event_row,
     history_row,
     lease_row,
@@ -214,6 +225,9 @@ class SqliteStateStore:
             self._db.executemany(
                 HISTORY_INSERT, [history_row(x) for x in leases if x.state.is_terminal]
             )
+            self._db.executemany(
+                ALLOCATION_INSERT, [allocation_row(r) for b in batches for r in b.allocations]
+            )
             self._db.execute("COMMIT")
         except Exception as exc:
             if self._db.in_transaction:
@@ -256,8 +270,35 @@ class SqliteStateStore:
             "ORDER BY ended_at DESC LIMIT -1 OFFSET ?)",
             (r.max_history,),
         ).rowcount
+        allocations = SqliteStateStore._prune_allocations(db, r.max_deferred)
         db.execute("COMMIT")
-        return Pruned(leases, requests, events, history)
+        return Pruned(leases, requests, events, history, allocations)
+
+    @staticmethod
+    def _prune_allocations(db: sqlite3.Connection, max_deferred: int) -> int:
+        """Units deferred to NRI and handed out again since (before the records of ended
+        leases go: a deferral must not outlive what replaced it), or beyond the newest
+        ``max_deferred``; then the records of leases no longer live (inside the caller's
+        transaction)."""
+        kind, allocated = AllocationKind.DEFERRED.value, AllocationKind.ALLOCATED.value
+        superseded = db.execute(
+            "DELETE FROM allocations WHERE kind = ? AND EXISTS (SELECT 1 FROM allocations "
+            "AS later WHERE later.units = allocations.units AND later.seq > allocations.seq "
+            "AND later.kind IN (?, ?))",
+            (kind, kind, allocated),
+        ).rowcount
+        beyond = db.execute(
+            "DELETE FROM allocations WHERE seq IN (SELECT seq FROM allocations WHERE kind = ? "
+            "ORDER BY seq DESC LIMIT -1 OFFSET ?)",
+            (kind, max_deferred),
+        ).rowcount
+        live = ", ".join("?" * len(LIVE_STATES))
+        ended = db.execute(
+            "DELETE FROM allocations WHERE lease_id != '' AND lease_id NOT IN "
+            f"(SELECT lease_id FROM leases WHERE state IN ({live}))",
+            LIVE_STATES,
+        ).rowcount
+        return int(superseded) + int(beyond) + int(ended)
 
     async def heartbeat(self, *, at: float) -> None:
         await self._small_write("INSERT OR REPLACE INTO heartbeat VALUES (1, ?)", (at,))
@@ -316,6 +357,9 @@ class SqliteStateStore:
 
     async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
         return await self._reader.history(since=since, limit=limit)
+
+    async def allocation_records(self) -> list[AllocationRecord]:
+        return await self._reader.allocation_records()
 
     async def drained(self) -> dict[str, str]:
         return await self._reader.drained()

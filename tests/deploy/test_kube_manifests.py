@@ -21,7 +21,8 @@ import yaml
 
 from agent.kube.agents import GRPC_PORT_NAME
 from agent.kube.annotations import FINALIZER, RESOURCE, SCHEDULER_NAME, parse_ask
-from agent.kube.webhook import build_webhook_app, check_new_pod, mutation
+from agent.kube.podrules import check_new_pod
+from agent.kube.webhook import build_webhook_app, mutation
 from tests.helpers import REPO
 
 DEPLOY = REPO / "deploy"
@@ -340,9 +341,13 @@ def test_the_webhooks_fail_closed_on_share_pods_only_and_skip_the_system() -> No
     certificate = find(DEPLOY / "certificates.yaml", "Certificate", "gpushare-webhook-tls")
     service = find(DEPLOY / "webhook.yaml", "Service", "gpushare-webhook")["metadata"]
     assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
-    for kind, operations in (
-        ("MutatingWebhookConfiguration", ["CREATE"]),
-        ("ValidatingWebhookConfiguration", ["CREATE", "UPDATE"]),
+    for kind, operations, resources in (
+        ("MutatingWebhookConfiguration", ["CREATE"], ["pods"]),
+        (
+            "ValidatingWebhookConfiguration",
+            ["CREATE", "UPDATE"],
+            ["pods", "pods/ephemeralcontainers"],
+        ),
     ):
         configuration = find(DEPLOY / "webhook.yaml", kind)
         injected = configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
@@ -352,7 +357,7 @@ def test_the_webhooks_fail_closed_on_share_pods_only_and_skip_the_system() -> No
         assert hook["sideEffects"] == "None" and hook["failurePolicy"] == "Fail"
         assert "caBundle" not in hook["clientConfig"]  # injected; an apply must not wipe it
         [rule] = hook["rules"]
-        assert rule["operations"] == operations and rule["resources"] == ["pods"]
+        assert rule["operations"] == operations and rule["resources"] == resources
         assert rule["apiGroups"] == [""] and rule["apiVersions"] == ["v1"]
         [excluded] = hook["namespaceSelector"]["matchExpressions"]
         assert excluded["key"] == "kubernetes.io/metadata.name"

@@ -55,8 +55,14 @@ Where it is simpler than the real server (and says so):
 
 Test helpers: :meth:`create_pod` (from :func:`pod_manifest`), :meth:`delete_pod`,
 :meth:`set_pod_phase`, :meth:`patch_pod`, :meth:`create_node`, :meth:`set_endpoints`,
-:meth:`events_for`, :meth:`compact`, :meth:`bookmark`, :meth:`fail_next`, the per-verb
+:meth:`events_for`, :meth:`compact`, :meth:`bookmark`, :meth:`hold_next`, the per-verb
 :attr:`requests` counter and the :attr:`log` of requests.
+
+Faults (:meth:`fail_next`), each the way a real API server or the network fails a
+request: an error status; a broken connection; no answer until the client's timeout; and
+each of these after the request was served, its change made (``landed``: a 5xx or a
+timeout whose write happened anyway, as etcd or a proxy in between can leave it). A
+:attr:`chaos` hook, asked about every request, draws such faults at random.
 """
 
 from __future__ import annotations
@@ -106,6 +112,7 @@ MERGE_KEYS = {
 }
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _MUTABLE_POD_SPEC = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
+HANG_S = 300.0  # the longest a hanging fault holds a request whose client stays
 
 
 def timestamp(offset_s: float = 0.0) -> str:
@@ -542,12 +549,16 @@ class Watcher:
 
 @dataclass
 class Fault:
+    """How the next matching requests are answered (see :meth:`FakeApiServer.fail_next`)."""
+
     method: str
     path: re.Pattern[str]
-    status: int
+    status: int  # 0: the connection breaks instead of an answer
     reason: str
     message: str
     times: int
+    landed: bool = False  # served first (its change made), then answered this way
+    hang: bool = False  # no answer until the client gives up (or HANG_S), then a break
 
 
 @dataclass
@@ -632,6 +643,10 @@ class FakeApiServer:
         # (method, path with query, content type) of every request, in order
         self.log: list[tuple[str, str, str]] = []
         self.faults: list[Fault] = []
+        # asked about every request before the faults above: a fault to answer it with, or
+        # None (a benchmark's random faults: bench/faults.py)
+        self.chaos: Callable[[web.Request], Awaitable[Fault | None]] | None = None
+        self.hanging = 0  # requests held by a hanging fault now
         self.holds: list[Hold] = []
         self.watchers: set[Watcher] = set()
         self._ssl = ssl_context
@@ -705,16 +720,37 @@ class FakeApiServer:
                 hold.arrived.set()
                 await hold.release.wait()
                 break
+        if self.chaos is not None and (drawn := await self.chaos(request)) is not None:
+            return await self._faulted(drawn, request, handler)
         for fault in self.faults:
             if fault.method == request.method and fault.path.search(request.path_qs):
                 fault.times -= 1
                 if fault.times <= 0:
                     self.faults.remove(fault)
-                if fault.status == 0:  # the connection breaks
-                    assert request.transport is not None
-                    request.transport.abort()
-                    return web.Response(status=500)
-                return ApiError(fault.status, fault.message, fault.reason).response()
+                return await self._faulted(fault, request, handler)
+        return await self._serve(request, handler)
+
+    async def _faulted(
+        self, fault: Fault, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
+        """The request as ``fault`` says: served first if it landed (its answer dropped),
+        then held if it hangs, then answered with the fault's status or a broken
+        connection."""
+        if fault.landed:
+            await self._serve(request, handler)
+        if fault.hang:  # until the client goes: its handler is cancelled then
+            self.hanging += 1
+            try:
+                await asyncio.sleep(HANG_S)
+            finally:
+                self.hanging -= 1
+        if fault.status == 0 or fault.hang:
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response(status=500)  # never sent: the connection is gone
+        return ApiError(fault.status, fault.message, fault.reason).response()
+
+    async def _serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except ApiError as exc:
@@ -1213,18 +1249,36 @@ class FakeApiServer:
         self,
         method: str,
         path_regex: str,
-        status: int,
+        status: int = 0,
         *,
         reason: str = "",
         message: str = "injected failure",
         times: int = 1,
-    ) -> None:
+        landed: bool = False,
+        hang: bool = False,
+    ) -> Fault:
         """Answer the next ``times`` requests whose method and path (with its query,
         searched) match with this status and a ``Status`` body; 0 breaks the connection
         (aiohttp clients send an idempotent request again, once, when a reused connection
-        breaks: ``times=2`` makes such a GET fail)."""
-        fault = Fault(method.upper(), re.compile(path_regex), status, reason, message, times)
+        breaks: ``times=2`` makes such a GET fail).
+
+        ``landed``: the request is served first, its change made (a write that landed),
+        and only its answer is the fault's: a 5xx, a broken connection, or a hang.
+        ``hang``: no answer at all; the request is held until the client gives up (its
+        timeout) and closes the connection, or for :data:`HANG_S`, then the connection
+        breaks (``status`` is not used). Without ``landed`` nothing was done."""
+        fault = Fault(
+            method.upper(),
+            re.compile(path_regex),
+            status,
+            reason,
+            message,
+            times,
+            landed=landed,
+            hang=hang,
+        )
         self.faults.append(fault)
+        return fault
 
 
 def _check_pod_update(stored: Obj, new: Obj) -> None:

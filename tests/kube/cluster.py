@@ -44,7 +44,7 @@ from tests.certs import Pki, make_pki, make_token
 from tests.helpers import agent_command, subprocess_env
 from tests.kube.apiserver import FakeApiServer, Obj, pod_manifest
 from tests.kube.scheduler import SchedulerStandIn
-from tests.kubelet.fake_kubelet import FakeKubelet, Outcome
+from tests.kubelet.fake_kubelet import FakeKubelet, FakeKubeletError, Outcome
 from tests.nri.runtime import FakeNriRuntime
 
 API_TOKEN = "api-" + "7f3a9c2e5b8d4f1a6c0e9b7d2a5f8c3e"
@@ -213,6 +213,8 @@ class NodeKubelets:
             outcome = await node.kubelet.allocate(
                 meta["namespace"], meta["name"], container["name"], count
             )
+            if outcome.failed_at == "PreStartContainer":
+                await _start_again(node.kubelet, meta, container["name"], outcome)
             key = (meta["namespace"], meta["name"], container["name"])
             self.got[key] = outcome
             if node.nri is not None and outcome.response is not None and not outcome.failed_at:
@@ -247,6 +249,25 @@ class NodeKubelets:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+PRE_START_RETRY_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # the pod worker's backoff, shortened
+
+
+async def _start_again(kubelet: FakeKubelet, meta: Obj, container: str, outcome: Outcome) -> None:
+    """A container whose PreStartContainer failed is started again, as the kubelet's pod
+    worker does (with backoff, through the plugin registered then: an agent restarted in
+    between answers the next one); ``outcome`` ends as the last try left it. A refusal that
+    stands (the share units went with another pod's lease) is refused at every try."""
+    for wait_s in PRE_START_RETRY_S:
+        await asyncio.sleep(wait_s)
+        try:
+            again = await kubelet.pre_start(meta["namespace"], meta["name"], container)
+        except FakeKubeletError:  # no plugin registered now: the next sync tries again
+            continue
+        outcome.error, outcome.failed_at = again.error, again.failed_at
+        if again.failed_at is None:
+            return
+
+
 @dataclass
 class LoopbackCluster:
     api_server: FakeApiServer
@@ -260,6 +281,7 @@ class LoopbackCluster:
     kube: RestKubeApi | None = None
     kubelets: NodeKubelets | None = None
     agent_token: str = ""
+    api_timeout_s: float = 30.0  # the cluster side's API request timeout
 
     # -- parts -----------------------------------------------------------------------------
 
@@ -283,7 +305,9 @@ class LoopbackCluster:
         return ClusterOptions(**values)
 
     async def start_cluster_side(self, **overrides: Any) -> ClusterSide:
-        api = RestKubeApi.from_url(self.api_server.url, token=API_TOKEN)
+        api = RestKubeApi.from_url(
+            self.api_server.url, token=API_TOKEN, timeout_s=self.api_timeout_s
+        )
         side = ClusterSide(api, self.options(**overrides))
         await side.start()
         self.side = side
@@ -327,6 +351,7 @@ class LoopbackCluster:
             f"127.0.0.1:{port}",
             # the inline cluster side's options (node state keeps its default interval)
             *_flags(self.options()),
+            *("--api-timeout-s", str(self.api_timeout_s)),
             # a replica killed hands over within seconds, not 15
             *("--leader-elect-lease-duration-s", "6"),
             *("--leader-elect-renew-deadline-s", "4"),
@@ -524,14 +549,18 @@ async def loopback_cluster(
     agent_args: tuple[str, ...] = (),
     start_timeout_s: float = 60.0,
     nri: bool = False,
+    api_timeout_s: float = 30.0,
 ) -> AsyncIterator[tuple[LoopbackCluster, SchedulerStandIn | None]]:
     """``nodes`` agents, their kubelets, the cluster side (``inline`` in this process,
     ``process``: ``gpushare kube serve``, without the webhook) and the scheduler stand-in
     running (``scheduler=False``: schedule by hand). ``agent_args`` go to every agent's
     ``gpushare serve`` command line; ``start_timeout_s`` is how long they may take to
-    come up; ``nri``: each node's runtime has NRI, and its agent registers there."""
+    come up; ``nri``: each node's runtime has NRI, and its agent registers there;
+    ``api_timeout_s``: the cluster side's API request timeout."""
     async with FakeApiServer(token=API_TOKEN) as api_server:
-        cluster = LoopbackCluster(api_server, root, make_pki(root / "pki"))
+        cluster = LoopbackCluster(
+            api_server, root, make_pki(root / "pki"), api_timeout_s=api_timeout_s
+        )
         cluster.agent_token = os.urandom(16).hex()
         make_token(root / "agent-token", cluster.agent_token)
         port = free_port("127.0.0.2")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from agent.core.errors import UnitError, ValidationError
 from agent.core.types import PriorityClass
 from agent.core.units import GIB, MIB
 from agent.kube import annotations as a
+from agent.kube import bounded
 from agent.kube.annotations import AnnotationError, parse_ask, parse_quantity, wants_share
 
 NS = "team-a"
@@ -137,6 +139,15 @@ M, S, T, P = (
     "gpushare.io/priority",
 )
 G, GS, R = "gpushare.io/gang", "gpushare.io/gang-size", "gpushare.io/share"
+# YAML whose every level is nine aliases of the level below: 252 characters expand to
+# 9**7 leaves (printing it cost seconds and hundreds of MiB)
+BOMB = (
+    "{mode: training, parameters: [&a [x,x,x,x,x,x,x,x,x], "
+    + ", ".join(
+        f"&{n} [" + ",".join([f"*{b}"] * 9) + "]" for b, n in zip("abcdef", "bcdefg", strict=True)
+    )
+    + "]}"
+)
 
 BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("no memory, no sizing", pod(asks(memory=None)), M, "is required (or gpushare.io/sizing)"),
@@ -177,7 +188,7 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("gang space", pod(asks(gang="job 42", gang_size="4")), G, "letters, digits and ._:/@+=-"),
     ("gang hash", pod(asks(gang="job#42", gang_size="4")), G, "letters, digits and ._:/@+=-"),
     ("gang newline", pod(asks(gang="job\n42", gang_size="4")), G, "letters, digits"),
-    ("gang unicode", pod(asks(gang="jöb", gang_size="4")), G, "letters, digits"),
+    ("gang unicode", pod(asks(gang="j\u00f6b", gang_size="4")), G, "letters, digits"),
     ("gang empty", pod(asks(gang="", gang_size="4")), G, "is empty"),
     ("gang too long", pod(asks(gang="g" * 129, gang_size="4")), G, "longer than 128"),
     ("gang with namespace too long", pod(asks(gang="g" * 65, gang_size="4"),
@@ -229,6 +240,52 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("share negative", pod(ASK, containers=[container(resources={"limits": {R: -1}})]), R,
      "must be a whole number"),
     ("no namespace", pod(ASK, namespace=None), "metadata.namespace", "is required"),
+    # Kubernetes quantities and numbers are ASCII: Python's int, float and Decimal read
+    # other scripts' digits too
+    ("memory Arabic-Indic digits", pod(asks(memory="\u0662\u0660Gi")), M, "cannot read"),
+    ("memory full-width digits", pod(asks(memory="\uff12\uff10Gi")), M, "cannot read"),
+    ("memory Devanagari digits", pod(asks(memory="\u0968\u0966Gi")), M, "cannot read"),
+    ("memory agent spelling in full-width", pod(asks(memory="\uff12\uff10GiB")), M, "cannot read"),
+    ("memory full-width exponent", pod(asks(memory="4e\uff19")), M, "cannot read"),
+    ("memory Unicode space", pod(asks(memory="\u20038Gi")), M, "cannot read"),
+    ("threads full-width", pod(asks(threads="\uff12\uff15")), T, "must be a number in (0, 100]"),
+    ("threads Arabic-Indic", pod(asks(threads="\u0662\u0665")), T, "must be a number in"),
+    ("sizing full-width count", pod(asks(memory=None, sizing="{parameters: '\uff17e9', "
+                                                          "mode: training}")), S,
+     "parameters must be a whole number"),
+    ("sizing Arabic-Indic count", pod(asks(memory=None, sizing=INFERENCE.replace(
+        "layers: 32", "layers: '\u0663\u0662'"))), S, "layers must be a whole number"),
+    # YAML: no aliases, no anchors, a flat object (size, depth and nodes bounded first)
+    ("sizing alias", pod(asks(memory=None, sizing="{mode: &m training, parameters: 7e9, "
+                                                  "dtype: *m}")), S, "anchors"),
+    ("sizing alias bomb", pod(asks(memory=None, sizing=BOMB)), S, "aliases"),
+    ("sizing anchor alone", pod(asks(memory=None, sizing="{mode: &m training, "
+                                                         "parameters: 7e9}")), S, "anchors"),
+    ("sizing nested 500 deep", pod(asks(memory=None, sizing="[" * 500 + "]" * 500)), S,
+     "nested deeper than"),
+    ("sizing nested value", pod(asks(memory=None, sizing="{parameters: [[[[1]]]], "
+                                                        "mode: training}")), S,
+     "nested deeper than"),
+    ("sizing too many nodes", pod(asks(memory=None, sizing="[" + "1," * 300 + "1]")), S,
+     "more than"),
+    ("sizing bad int tag", pod(asks(memory=None, sizing="{parameters: !!int x7, "
+                                                        "mode: training}")), S, "a tag"),
+    ("sizing empty int tag", pod(asks(memory=None, sizing="!!int")), S, "a tag"),
+    ("sizing empty bool tag", pod(asks(memory=None, sizing="{mode: !!bool }")), S, "a tag"),
+    ("sizing empty timestamp tag", pod(asks(memory=None, sizing="!!timestamp")), S, "a tag"),
+    ("sizing good int tag", pod(asks(memory=None, sizing="{parameters: !!int 7000000000, "
+                                                         "mode: training}")), S, "a tag"),
+    ("sizing local tag", pod(asks(memory=None, sizing="!sizing {parameters: 7e9, "
+                                                      "mode: training}")), S, "a tag"),
+    ("sizing bad date", pod(asks(memory=None, sizing="{parameters: 1, mode: 2024-13-45}")), S,
+     "is not YAML or JSON"),
+    ("sizing bad hexadecimal", pod(asks(memory=None, sizing="{parameters: 0x_, "
+                                                            "mode: training}")), S,
+     "is not YAML or JSON"),
+    ("sizing control character", pod(asks(memory=None, sizing="\x1f")), S,
+     "is not YAML or JSON"),
+    ("sizing two documents", pod(asks(memory=None, sizing="{parameters: 1}\n---\n{}")), S,
+     "is not YAML or JSON"),
 ]  # fmt: skip
 
 
@@ -260,11 +317,52 @@ def test_quantities(text: str, expected: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "Gi", "1Gi5", "1gi", "1 Gi", "1m", "-1", "1e", "--1", "1iB", "2e1Ki"]
-)
+    "text",
+    ["", "Gi", "1Gi5", "1gi", "1 Gi", "1m", "-1", "1e", "--1", "1iB", "2e1Ki",
+     "\u0662\u0660Gi", "\uff12\uff15", "\u0968Mi", "1e\u0663", "\uff11GiB", "1\u00a0GiB",
+     "\u20038Gi", "8Gi\u3000", "\u00b2", "1_000", "0x10", "1" * 65, " " * 60 + "1Gi" + " " * 60],
+)  # fmt: skip
 def test_not_quantities(text: str) -> None:
-    with pytest.raises(UnitError):
+    with pytest.raises(UnitError) as caught:
         parse_quantity(text)
+    assert len(str(caught.value)) < 120  # the value is cut, never repeated in full
+
+
+LONG_NUMBERS: list[tuple[str, dict[str, Any]]] = [
+    ("memory 1e999", pod(asks(memory="1e999"))),
+    ("memory 64 nines", pod(asks(memory="9" * 64))),
+    ("memory 60 nines in Ei", pod(asks(memory="9" * 62 + "Ei"))),
+    ("threads 64 nines", pod(asks(threads="9" * 64))),
+    ("gang size 64 nines", pod(asks(gang="g", gang_size="9" * 64))),
+    ("share of 10**999 units", pod(ASK, containers=[container(resources={"limits": {
+        R: 10**999}})])),
+    ("sizing 1000 digits", pod(asks(memory=None, sizing="{mode: training, parameters: "
+                                                        + "9" * 990 + "}"))),
+    ("sizing sized to 10**40 bytes", pod(asks(memory=None, sizing="{mode: inference, "
+        "parameters: 1, layers: 4294967295, kv_heads: 4294967295, head_dim: 4294967295, "
+        "context_length: 4294967295, concurrent_sequences: 4294967295}"))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("the_pod", [n[1] for n in LONG_NUMBERS], ids=[n[0] for n in LONG_NUMBERS])
+def test_long_numbers_are_not_echoed(the_pod: dict[str, Any]) -> None:
+    """A refusal names the value it refuses, cut: a caller's 1000-digit number is not
+    repeated back to it (nor into a log line) in full."""
+    with pytest.raises(AnnotationError) as caught:
+        parse_ask(the_pod)
+    message = str(caught.value)
+    assert not re.search(r"[0-9]{41}", message), message
+    assert len(message) < 300, message
+
+
+def test_shown_cuts_and_escapes_any_value() -> None:
+    nested: Any = ["x"] * 9
+    for _ in range(6):
+        nested = [nested] * 9  # 9**7 leaves, 7 objects: printed in full, megabytes
+    for value in (nested, "a\nb\x1b[31m" * 100, 10**999, -(10**4000), {"k" * 100: ["v"] * 100}):
+        text = bounded.shown(value)
+        assert len(text) <= 10 * bounded.MAX_SHOWN, text  # 40 characters, each escaped at most
+        assert text.isprintable(), text
 
 
 # -- who wants a share -----------------------------------------------------------------

@@ -12,7 +12,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.kube.apiserver import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, FakeApiServer
+from tests.kube.apiserver import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    REASONS,
+    STRATEGIC_PATCH,
+    FakeApiServer,
+)
 
 NS = "team-a"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -622,3 +628,66 @@ async def test_fail_next_answers_matching_requests_with_a_status(
     api.fail_next("GET", r"/pods/p$", 0, times=2)
     with pytest.raises(aiohttp.ClientError):
         await raw.call("GET", f"{PODS}/p")
+
+
+@pytest.mark.parametrize(
+    ("status", "landed", "hang", "answered", "bound"),
+    [
+        (500, False, False, 500, False),  # refused: nothing done
+        (500, True, False, 500, True),  # a 5xx whose write landed
+        (503, True, False, 503, True),
+        (0, False, False, None, False),  # the connection breaks before the write
+        (0, True, False, None, True),  # ... after it
+        (0, False, True, None, False),  # no answer within the client's timeout
+        (0, True, True, None, True),  # ... and the write was made
+        (409, True, False, 409, True),  # a conflict answered for a write that landed
+    ],
+)
+async def test_a_fault_answers_a_write_whether_or_not_it_landed(
+    api: FakeApiServer,
+    status: int,
+    landed: bool,
+    hang: bool,
+    answered: int | None,
+    bound: bool,
+) -> None:
+    pod = api.create_pod("p", NS)
+    api.fail_next("POST", r"/pods/p/binding$", status, landed=landed, hang=hang)
+    body = json.dumps(binding("p", "n1", uid=pod["metadata"]["uid"]))
+    url = f"{api.url}{PODS}/p/binding"
+    timeout = aiohttp.ClientTimeout(total=0.5)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        if answered is None:  # no answer: a break, or the client's own timeout
+            with pytest.raises((aiohttp.ClientError, TimeoutError)):
+                async with session.post(url, data=body) as response:
+                    await response.read()
+        else:
+            async with session.post(url, data=body) as response:
+                assert response.status == answered
+                assert_status(await response.json(), answered, REASONS[answered])
+        stored = api.pod(NS, "p")
+        assert stored is not None
+        assert stored["spec"].get("nodeName", "") == ("n1" if bound else "")
+        assert api.faults == []  # used once
+        async with session.post(url, data=body) as response:  # the next is served
+            assert response.status == (409 if bound else 201)
+
+
+async def test_a_hanging_request_is_dropped_once_its_client_goes(api: FakeApiServer) -> None:
+    """The client's timeout ends the hold at once (not after HANG_S): the server stops in
+    its usual time, and a write held without landing is never made."""
+    api.create_pod("p", NS)
+    api.fail_next("POST", r"/pods/p/binding$", hang=True)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+        body = json.dumps(binding("p", "n1"))
+        post = asyncio.ensure_future(session.post(f"{api.url}{PODS}/p/binding", data=body))
+        async with asyncio.timeout(2):
+            while not api.hanging:  # held
+                await asyncio.sleep(0.01)
+        with pytest.raises(TimeoutError):
+            await post
+    async with asyncio.timeout(2):
+        while api.hanging:
+            await asyncio.sleep(0.01)
+    stored = api.pod(NS, "p")
+    assert stored is not None and "nodeName" not in stored["spec"]

@@ -1,6 +1,7 @@
 """The Kubernetes flow when a part dies at the worst moment (tests/kube/cluster.py): an
 agent killed during a bind, the cluster side killed mid-bind, the controller's pod watch
-expired (410). The API server's write of the bind is held open to choose the moment."""
+expired (410), a Binding that landed though its answer said otherwise. The API server's
+write of the bind is held open to choose the moment, or answered with a fault."""
 
 from __future__ import annotations
 
@@ -120,6 +121,29 @@ async def test_a_pod_whose_bind_died_gets_the_same_lease_from_the_next_cluster_s
         assert await lease_of_pod(c, "retried") == (node, granted)  # same request id
         assert c.kubelets is not None
         assert c.kubelets.env("team-a", "retried")["GPUSHARE_LEASE_ID"] == granted
+
+
+@pytest.mark.parametrize("answer", [500, 0], ids=["500", "reset"])
+async def test_a_binding_that_landed_despite_its_answer_runs_under_its_lease(
+    root: Path, answer: int
+) -> None:
+    """The API server made the Binding, then answered 500 or broke the connection: the
+    binder reads the pod back, keeps the lease, and the pod runs under it (it was released,
+    the pod then ran with no live lease or was deleted as leaseless)."""
+    async with loopback_cluster(root, nodes=1) as (c, scheduler):
+        assert scheduler is not None
+        c.api_server.fail_next("POST", BINDING.format(name="landed"), answer, landed=True)
+        await c.apply(gpu_pod("landed", memory="5Gi"))
+        await eventually(lambda: running(c, "team-a", "landed"), 60)
+        node, lease_id = await lease_of_pod(c, "landed")
+        pod = c.api_server.pod("team-a", "landed")
+        assert pod is not None and pod["metadata"]["annotations"][LEASE] == lease_id
+        assert c.kubelets is not None
+        assert c.kubelets.env("team-a", "landed")["GPUSHARE_LEASE_ID"] == lease_id
+        assert scheduler.attempts[pod["metadata"]["uid"]] == 1  # one bind: it was done
+        await asyncio.sleep(5)  # reconciles and leaseless checks (grace 2 s) come and go
+        assert c.api_server.pod("team-a", "landed") is not None
+        assert await lease_of_pod(c, "landed") == (node, lease_id)
 
 
 async def test_a_pod_watch_expired_with_410_is_listed_again_and_nothing_is_missed(

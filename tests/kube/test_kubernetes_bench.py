@@ -1,6 +1,7 @@
 """bench/kubernetes.py at its small size (4 nodes, 200 pods): every pod bound, run and
-gone, and nothing leaked, overcommitted or run under another pod's lease. The speed
-figures are the benchmark's to report, not asserted here."""
+gone, and nothing leaked, overcommitted or run under another pod's lease; with API faults
+and agents killed mid-bind too, no pod runs without its lease and none that exists is left
+unstarted. The speed figures are the benchmark's to report, not asserted here."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ KEYS = (
     "leases_leaked",
     "wrong_lease_injections",
     "overcommit",
+    "running_without_lease",
+    "pods_never_started",
     "lost",
 )
 
@@ -52,3 +55,28 @@ def test_the_small_kubernetes_run_binds_every_pod_and_leaks_nothing(extra: tuple
     assert cpu["agents"] > 0 and cpu["cluster_side"] > 0, cpu  # every part was counted
     assert cpu["all"] >= cpu["agents"] + cpu["cluster_side"] + cpu["harness"] - 0.2, cpu
     assert result["cores_busy"] > 0, result
+
+
+@pytest.mark.timeout(300)
+def test_the_small_run_with_api_faults_and_agents_killed_keeps_every_promise() -> None:
+    result = run_bench_small(
+        "kubernetes.py", 300, "--faults", "0.1", "--kill-agents", "2", "--kill-every-s", "3"
+    )
+    assert result["pods"] == result["bound"] == 200, result
+    faults = result["faults"]
+    assert faults["agents_killed_mid_bind"] == 2, faults
+    answered = faults["answered"]
+    assert any(k.startswith("binding ") for k in answered), faults
+    assert any(k.startswith("patch ") for k in answered), faults
+    why = {k: result[k] for k in ("lost_why", "refused_why", "rejected_agent_away", "faults")}
+    for key in (
+        "leases_leaked",
+        "running_without_lease",
+        "pods_never_started",
+        "wrong_lease_injections",
+        "overcommit",
+        "mismatches_refused",
+        "lost",
+    ):
+        assert result[key] == 0, (key, result[key], why)
+    assert result["gangs_partial"] == 0, result

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import io
 import json
 import socket
 import ssl
@@ -136,7 +137,7 @@ class Webhook:
     url: str
 
     async def post(self, path: str, body: Any) -> tuple[int, Any]:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        data = io.BytesIO(body if isinstance(body, bytes) else json.dumps(body).encode())
         headers = {"Content-Type": "application/json"}
         async with self.session.post(self.url + path, data=data, headers=headers) as answer:
             text = await answer.text()
@@ -309,7 +310,7 @@ REFUSED: list[tuple[str, Callable[[Pod], object], int, str]] = [
     ("node name set", lambda p: p["spec"].update(nodeName="gpu-node-1"), 403, "spec.nodeName: "),
     ("privileged", security({"privileged": True}), 403,
      "spec.containers[0].securityContext.privileged: "),
-    ("SYS_ADMIN", security({"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]}}), 403,
+    ("SYS_ADMIN", security({"capabilities": {"add": ["CHOWN", "SYS_ADMIN"]}}), 403,
      "spec.containers[0].securityContext.capabilities.add[1]: "),
     ("CAP_SYS_ADMIN", security({"capabilities": {"add": ["cap_sys_admin"]}}), 403,
      "spec.containers[0].securityContext.capabilities.add[0]: "),
@@ -344,6 +345,60 @@ REFUSED: list[tuple[str, Callable[[Pod], object], int, str]] = [
      "gpushare.io/lease: is written by the gpushare scheduler"),
     ("node-agent annotation at creation", annotate(**{"gpushare.io/node-agent": "x:1"}), 403,
      "gpushare.io/node-agent: "),
+    # the node's namespaces: /dev/shm (MPS's shared memory) is the IPC namespace's
+    ("hostIPC", lambda p: p["spec"].update(hostIPC=True), 403,
+     "spec.hostIPC: a pod with a GPU share may not share the node's IPC namespace"),
+    ("hostPID", lambda p: p["spec"].update(hostPID=True), 403,
+     "spec.hostPID: a pod with a GPU share may not share the node's process namespace"),
+    ("hostNetwork", lambda p: p["spec"].update(hostNetwork=True), 403,
+     "spec.hostNetwork: a pod with a GPU share may not share the node's network namespace"),
+    # capabilities beyond Pod Security baseline
+    ("SYS_PTRACE", security({"capabilities": {"add": ["CHOWN", "SYS_PTRACE"]}}), 403,
+     "spec.containers[0].securityContext.capabilities.add[1]: a pod with a GPU share may not "
+     "add 'SYS_PTRACE'"),
+    ("NET_ADMIN", security({"capabilities": {"add": ["NET_ADMIN"]}}), 403,
+     "spec.containers[0].securityContext.capabilities.add[0]: "),
+    ("NET_RAW", security({"capabilities": {"add": ["NET_RAW"]}}), 403,
+     "spec.containers[0].securityContext.capabilities.add[0]: "),
+    ("cap_sys_ptrace", security({"capabilities": {"add": ["cap_sys_ptrace"]}}), 403,
+     "spec.containers[0].securityContext.capabilities.add[0]: "),
+    ("a capability that is not a name", security({"capabilities": {"add": [["SYS_ADMIN"]]}}),
+     403, "spec.containers[0].securityContext.capabilities.add[0]: "),
+    ("init container SYS_PTRACE", lambda p: p["spec"].update(initContainers=[container(
+        "setup", share=False, securityContext={"capabilities": {"add": ["SYS_PTRACE"]}})]), 403,
+     "spec.initContainers[0].securityContext.capabilities.add[0]: "),
+    # the devices a container sees are the lease's
+    ("NVIDIA_VISIBLE_DEVICES", env({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}), 403,
+     "spec.containers[0].env[1].name: 'NVIDIA_VISIBLE_DEVICES'"),
+    ("CUDA_VISIBLE_DEVICES", env({"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}), 403,
+     "spec.containers[0].env[1].name: 'CUDA_VISIBLE_DEVICES'"),
+    ("NVIDIA_DRIVER_CAPABILITIES", env({"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}),
+     403, "spec.containers[0].env[1].name: 'NVIDIA_DRIVER_CAPABILITIES'"),
+    ("NVIDIA_ in an init container", env({"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"},
+                                         kind="initContainers"), 403,
+     "spec.initContainers[0].env[1].name"),
+    ("lower-case nvidia_visible_devices", env({"name": "nvidia_visible_devices", "value": "all"}),
+     403, "spec.containers[0].env[1].name"),
+    ("envFrom NVIDIA_ prefix", lambda p: first(p).update(envFrom=[{"prefix": "NVIDIA_",
+                                                                   "secretRef": {"name": "s"}}]),
+     403, "spec.containers[0].envFrom[0].prefix: "),
+    ("envFrom prefix reaching CUDA_VISIBLE_DEVICES", lambda p: first(p).update(envFrom=[
+        {"prefix": "CUDA_VIS", "configMapRef": {"name": "c"}}]), 403,
+     "spec.containers[0].envFrom[0].prefix: "),
+    ("envFrom prefix N", lambda p: first(p).update(envFrom=[
+        {"configMapRef": {"name": "c"}}, {"prefix": "N", "configMapRef": {"name": "c"}}]), 403,
+     "spec.containers[0].envFrom[1].prefix: "),
+    # Kubernetes quantities are ASCII
+    ("Arabic-Indic memory", annotate(**{"gpushare.io/memory": "\u0662\u0660Gi"}), 400,
+     "gpushare.io/memory: cannot read"),
+    ("full-width threads", annotate(**{"gpushare.io/threads": "\uff12\uff15"}), 400,
+     "gpushare.io/threads: must be a number in (0, 100]"),
+    ("sizing nested 500 deep", lambda p: p["metadata"].update(annotations={
+        "gpushare.io/sizing": "[" * 500 + "]" * 500, "gpushare.io/threads": "50"}), 400,
+     "gpushare.io/sizing: "),
+    ("sizing with aliases", lambda p: p["metadata"].update(annotations={
+        "gpushare.io/sizing": "{mode: &m training, parameters: 7e9, dtype: *m}",
+        "gpushare.io/threads": "50"}), 400, "gpushare.io/sizing: "),
 ]  # fmt: skip
 
 
@@ -372,9 +427,13 @@ async def test_a_forged_lease_is_refused_on_any_pod(webhook: Webhook) -> None:
 ALLOWED: list[tuple[str, Callable[[Pod], object]]] = [
     ("another host path", host_path("/var/lib/data")),
     ("a sibling of the runtime dir", host_path("/run/gpushare-other")),
-    ("not privileged", security({"privileged": False, "capabilities": {"add": ["NET_ADMIN"]}})),
-    ("other CUDA variables", env({"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
-                                 {"name": "MY_GPUSHARE_NOTE", "value": "x"})),
+    ("not privileged, baseline capabilities", security({"privileged": False, "capabilities": {
+        "add": ["NET_BIND_SERVICE", "CHOWN", "cap_kill"], "drop": ["ALL"]}})),
+    ("other CUDA variables", env({"name": "CUDA_CACHE_PATH", "value": "/tmp/cuda"},
+                                 {"name": "MY_GPUSHARE_NOTE", "value": "x"},
+                                 {"name": "MY_NVIDIA_NOTE", "value": "x"})),
+    ("host namespaces false", lambda p: p["spec"].update(hostIPC=False, hostPID=False,
+                                                         hostNetwork=False)),
     ("envFrom elsewhere", lambda p: first(p).update(envFrom=[{"prefix": "APP_",
                                                               "configMapRef": {"name": "c"}}])),
     ("our scheduler already", lambda p: p["spec"].update(schedulerName="gpushare")),
@@ -484,6 +543,141 @@ async def test_status_updates_and_deletes_pass(webhook: Webhook) -> None:
     assert (await webhook.admit("/validate", deleting))["allowed"] is True
 
 
+# -- ephemeral containers (kubectl debug) ------------------------------------------------
+
+
+def debug_container(name: str = "debugger", **extra: Any) -> dict[str, Any]:
+    """An ephemeral container as ``kubectl debug`` adds it (no resources, no ports)."""
+    return {
+        "name": name,
+        "image": "busybox:1.36",
+        "imagePullPolicy": "IfNotPresent",
+        "stdin": True,
+        "tty": True,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "targetContainerName": "train",
+        **extra,
+    }
+
+
+def debugged(old: Pod, *added: dict[str, Any]) -> dict[str, Any]:
+    """The review of the ``pods/ephemeralcontainers`` subresource: an UPDATE whose object is
+    the pod with its new ephemeral containers."""
+    new = copy.deepcopy(old)
+    new["spec"].setdefault("ephemeralContainers", []).extend(added)
+    body = review(new, operation="UPDATE", old=old)
+    body["request"].update(subResource="ephemeralcontainers")
+    body["request"]["resource"] = {"group": "", "version": "v1", "resource": "pods"}
+    return body
+
+
+EPHEMERAL_REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    ("privileged", debug_container(securityContext={"privileged": True}),
+     "spec.ephemeralContainers[0].securityContext.privileged: "),
+    ("SYS_PTRACE", debug_container(securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}),
+     "spec.ephemeralContainers[0].securityContext.capabilities.add[0]: "),
+    ("CUDA_MPS_", debug_container(env=[{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/tmp"}]),
+     "spec.ephemeralContainers[0].env[0].name: 'CUDA_MPS_PIPE_DIRECTORY'"),
+    ("NVIDIA_VISIBLE_DEVICES", debug_container(env=[{"name": "NVIDIA_VISIBLE_DEVICES",
+                                                     "value": "all"}]),
+     "spec.ephemeralContainers[0].env[0].name: 'NVIDIA_VISIBLE_DEVICES'"),
+    ("envFrom prefix", debug_container(envFrom=[{"prefix": "GPUSHARE_",
+                                                 "configMapRef": {"name": "c"}}]),
+     "spec.ephemeralContainers[0].envFrom[0].prefix: "),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/validate", "/mutate"])
+@pytest.mark.parametrize(
+    ("added", "message"), [e[1:] for e in EPHEMERAL_REFUSED], ids=[e[0] for e in EPHEMERAL_REFUSED]
+)
+async def test_ephemeral_containers_of_a_share_pod_keep_the_rules(
+    webhook: Webhook, path: str, added: dict[str, Any], message: str
+) -> None:
+    for old in (admitted(), admitted(node="gpu-node-1")):
+        response = await webhook.admit(path, debugged(old, added))
+        assert response["allowed"] is False
+        assert response["status"]["code"] == 403
+        assert response["status"]["message"].startswith(message), response["status"]["message"]
+        assert "patch" not in response
+
+
+async def test_a_plain_debug_container_may_be_added(webhook: Webhook) -> None:
+    old = admitted(node="gpu-node-1")
+    assert (await webhook.admit("/validate", debugged(old, debug_container())))["allowed"]
+    # one added before the rule existed does not block the next: only the new one is judged
+    old["spec"]["ephemeralContainers"] = [
+        debug_container("old", securityContext={"privileged": True})
+    ]
+    again = debugged(old, debug_container("debugger-2"))
+    assert (await webhook.admit("/validate", again))["allowed"] is True
+    refused = debugged(old, debug_container("debugger-3", securityContext={"privileged": True}))
+    response = await webhook.admit("/validate", refused)
+    assert response["status"]["message"].startswith("spec.ephemeralContainers[1].securityContext")
+
+
+async def test_debug_containers_of_other_pods_are_not_ours(webhook: Webhook) -> None:
+    old = plain_pod()
+    privileged = debug_container(securityContext={"privileged": True})
+    assert (await webhook.admit("/validate", debugged(old, privileged)))["allowed"] is True
+
+
+# -- which reviews are of a pod ----------------------------------------------------------
+
+
+async def test_a_pod_is_checked_whatever_the_kind_says(webhook: Webhook) -> None:
+    """The API server sends request.kind and request.resource; a review that says pods in
+    either (or carries a Pod) is judged as a pod's."""
+    pod = changed(security({"privileged": True}))
+    for kind in ({"group": "apps", "version": "v1", "kind": "Deployment"}, {"kind": 7}):
+        body = review(pod)
+        body["request"]["kind"] = kind
+        for path in ("/validate", "/mutate"):
+            response = await webhook.admit(path, body)
+            assert response["allowed"] is False, (kind, response)
+            assert response["status"]["code"] == 403
+    body = review(pod)
+    body["request"]["kind"] = {"group": "", "version": "v1", "kind": "Node"}
+    body["request"]["resource"] = {"group": "", "version": "v1", "resource": "nodes"}
+    body["request"]["object"] = {**pod, "kind": "Pod"}
+    assert (await webhook.admit("/validate", body))["allowed"] is False
+
+
+async def test_a_review_of_something_else_is_allowed(webhook: Webhook) -> None:
+    body = review({"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "c"}})
+    body["request"]["kind"] = {"group": "", "version": "v1", "kind": "ConfigMap"}
+    body["request"]["resource"] = {"group": "", "version": "v1", "resource": "configmaps"}
+    assert (await webhook.admit("/validate", body))["allowed"] is True
+
+
+# -- what reaches the log ----------------------------------------------------------------
+
+
+async def test_a_refusal_is_one_escaped_log_line(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    pod = changed(security({"privileged": True}))
+    pod["metadata"]["name"] = "train\nINFO agent.kube.webhook: allowed CREATE of pod team-a/x"
+    pod["metadata"]["namespace"] = "team-a\r\x1b[2K"
+    with caplog.at_level("INFO", logger="agent.kube.webhook"):
+        response = await webhook.admit("/validate", review(pod))
+    assert response["allowed"] is False
+    [record] = [r for r in caplog.records if r.name == "agent.kube.webhook"]
+    line = record.getMessage()
+    assert line.isprintable(), line
+    assert "train\\nINFO" in line  # escaped, still readable
+    assert record.exc_info is None
+
+
+async def test_long_values_are_not_echoed(webhook: Webhook) -> None:
+    pod = changed(annotate(**{"gpushare.io/memory": "1e999"}))
+    response = await webhook.admit("/validate", review(pod))
+    message = response["status"]["message"]
+    assert message.startswith("gpushare.io/memory: ")
+    assert len(message) < 200 and "0" * 41 not in message, message
+
+
 # -- malformed reviews, health -----------------------------------------------------------
 
 
@@ -505,6 +699,29 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("no operation", without("operation"), "request.operation"),
     ("create without object", review(None), "request.object must be an object for CREATE"),
     ("update without old", review(gpu_pod(), operation="UPDATE"), "request.oldObject"),
+    ("a string", "AdmissionReview", "must be a JSON object"),
+    ("a number", 1e308, "must be a JSON object"),
+    ("nested 100,000 deep", b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64"),
+    ("objects nested 100,000 deep", b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+     "nested deeper than 64"),
+    ("a pod nested deep", json.dumps(review(gpu_pod())).replace(
+        '"status": {}', '"status": ' + "[" * 70 + "]" * 70).encode(), "nested deeper than 64"),
+    ("open brackets only", b"[" * 200_000, "nested deeper than 64"),
+    ("a million open brackets", b"[" * 1_000_000, "has more than 250000 values"),
+    ("half a review", json.dumps(review(gpu_pod())).encode()[:-10], "not JSON"),
+    ("not UTF-8", b'{"kind": "\xff"}', "not UTF-8"),
+    ("UTF-16", json.dumps(review(gpu_pod())).encode("utf-16"), "not UTF-8"),
+    ("too many values", b"[" + b"0," * 300_000 + b"0]", "more than"),
+    ("a huge integer", b"[" + b"9" * 5000 + b"]", "not JSON"),
+    ("no kind", without("kind"), "request.kind is missing"),
+    ("a kind without kind", {**review(gpu_pod()), "request": {
+        **review(gpu_pod())["request"], "kind": {"group": "", "version": "v1"}}},
+     "request.kind is missing"),
+    ("a uid of a megabyte", {**review(gpu_pod()), "request": {
+        **review(gpu_pod())["request"], "uid": "u" * 2**20}}, "request.uid"),
+    ("a sub-resource that is not a string", {**review(gpu_pod()), "request": {
+        **review(gpu_pod())["request"], "subResource": {"name": "status"}}},
+     "request.subResource"),
 ]  # fmt: skip
 
 
@@ -513,11 +730,20 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("body", "reason"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED]
 )
 async def test_malformed_reviews_are_400(
-    webhook: Webhook, path: str, body: Any, reason: str
+    webhook: Webhook, path: str, body: Any, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    status, text = await webhook.post(path, body)
+    with caplog.at_level("DEBUG"):
+        status, text = await webhook.post(path, body)
     assert status == 400
-    assert reason in text
+    assert reason in text, text
+    assert len(text) < 1000, text  # says what is wrong, never repeats the body
+    assert not [r for r in caplog.records if r.exc_info], "an expected error is no traceback"
+    assert all(r.getMessage().isprintable() for r in caplog.records)
+
+
+async def test_a_body_over_the_limit_is_413(webhook: Webhook) -> None:
+    status, _ = await webhook.post("/validate", b" " * (8 * 2**20 + 1))
+    assert status == 413
 
 
 async def test_health_and_methods(webhook: Webhook) -> None:

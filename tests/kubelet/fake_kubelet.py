@@ -14,6 +14,12 @@ Laid out like a node's ``/var/lib/kubelet``: ``<root>/device-plugins/kubelet.soc
   the plugin asked for it. A refused Allocate records nothing (the pod fails admission);
   a refused PreStartContainer keeps the assignment (the container fails to start, the
   pod keeps its devices), as in the kubelet.
+* When the device manager itself cannot allocate (no plugin registered for the resource,
+  none of its devices healthy, as while the plugin is away or has just registered again
+  and not yet listed its devices, or too few free), the pod is rejected at admission as
+  the kubelet rejects it: the outcome fails at ``Allocate`` with the kubelet's
+  ``UnexpectedAdmissionError`` sentence (:class:`AdmissionRejected`), the pod is Failed,
+  nothing is retried (kubernetes/kubernetes#109595, #119248).
 * ``restart`` does what a kubelet restart does to the plugin directory: its plugins are
   forgotten, their sockets removed, and a new ``kubelet.sock`` is created. Assignments
   survive, as they do in the kubelet's checkpoint.
@@ -52,7 +58,17 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
 
 
 class FakeKubeletError(Exception):
-    """The kubelet itself refuses (no plugin, not enough devices)."""
+    """The kubelet stand-in cannot do what a test asked."""
+
+
+class AdmissionRejected(FakeKubeletError):
+    """The kubelet's device manager rejected the pod before any plugin was called: the pod
+    is Failed with this reason and message (``Pod was rejected: <message>``)."""
+
+    reason = "UnexpectedAdmissionError"
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"Allocate failed due to {cause}, which is unexpected")
 
 
 @dataclass
@@ -238,37 +254,87 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         container: str,
         count: int,
         resource_name: str = RESOURCE,
+        *,
+        pre_start: bool = True,
     ) -> Outcome:
+        """Admit one container as the kubelet does: pick, Allocate, then (``pre_start``)
+        PreStartContainer; the outcome says where it failed, if it did."""
+        async with self._admitting:
+            plugin = self.plugins.get(resource_name)
+            try:
+                free = self._free(plugin, resource_name, count)
+            except AdmissionRejected as rejected:
+                return Outcome(device_ids=[], error=rejected, failed_at="Allocate")
+            assert plugin is not None
+            ids = await self._pick(plugin, free, count)
+            outcome = await self._allocate(plugin, pod_namespace, pod_name, container, ids)
+        if outcome.error is None and pre_start:
+            await self._pre_start(plugin, outcome)
+        return outcome
+
+    async def allocate_ids(
+        self,
+        pod_namespace: str,
+        pod_name: str,
+        container: str,
+        ids: Sequence[str],
+        resource_name: str = RESOURCE,
+    ) -> Outcome:
+        """Allocate exactly ``ids``, advertised or not (as a kubelet whose device list is
+        stale, or any other client of the plugin socket, may ask); then PreStartContainer."""
         plugin = self.plugins.get(resource_name)
         if plugin is None:
             raise FakeKubeletError(f"no device plugin registered for {resource_name}")
         async with self._admitting:
-            outcome, ids = await self._allocate(plugin, pod_namespace, pod_name, container, count)
-        if outcome.error is None and plugin.options.pre_start_required:
-            try:
-                await plugin.stub.PreStartContainer(
-                    dp.PreStartContainerRequest(devices_ids=ids), timeout=self.rpc_timeout_s
-                )
-            except grpc.aio.AioRpcError as exc:
-                outcome.error, outcome.failed_at = exc, "PreStartContainer"
+            outcome = await self._allocate(plugin, pod_namespace, pod_name, container, list(ids))
+        if outcome.error is None:
+            await self._pre_start(plugin, outcome)
         return outcome
 
-    async def _allocate(
-        self, plugin: Plugin, pod_namespace: str, pod_name: str, container: str, count: int
-    ) -> tuple[Outcome, list[str]]:
-        """Pick free ids (the plugin's preference first), Allocate, record the pod's ids."""
-        resource_name = plugin.request.resource_name
+    async def pre_start(
+        self, pod_namespace: str, pod_name: str, container: str, resource_name: str = RESOURCE
+    ) -> Outcome:
+        """PreStartContainer for a container allocated before (a container started, or
+        started again), through the plugin registered now."""
+        plugin = self.plugins.get(resource_name)
+        if plugin is None:
+            raise FakeKubeletError(f"no device plugin registered for {resource_name}")
+        [ids] = [
+            a.device_ids
+            for a in self.assignments
+            if (a.namespace, a.pod, a.container, a.resource_name)
+            == (pod_namespace, pod_name, container, resource_name)
+        ]
+        outcome = Outcome(device_ids=list(ids))
+        await self._pre_start(plugin, outcome)
+        return outcome
+
+    def _free(self, plugin: Plugin | None, resource_name: str, count: int) -> list[str]:
+        """The free healthy ids, or the device manager's own rejection (its order of
+        checks and its words: devicesToAllocate in the kubelet's devicemanager)."""
+        if plugin is None:
+            raise AdmissionRejected(f"cannot allocate unregistered device {resource_name}")
+        healthy = self.healthy(resource_name)
+        if not healthy:
+            raise AdmissionRejected(
+                f"no healthy devices present; cannot allocate unhealthy devices {resource_name}"
+            )
         taken = {
             d for a in self.assignments if a.resource_name == resource_name for d in a.device_ids
         }
-        free = [d for d in self.healthy(resource_name) if d not in taken]
+        free = [d for d in healthy if d not in taken]
         if len(free) < count:
-            raise FakeKubeletError(
+            raise AdmissionRejected(
                 f"requested number of devices unavailable for {resource_name}. "
                 f"Requested: {count}, Available: {len(free)}"
             )
-        ids = await self._pick(plugin, free, count)
-        outcome = Outcome(device_ids=ids)
+        return free
+
+    async def _allocate(
+        self, plugin: Plugin, pod_namespace: str, pod_name: str, container: str, ids: list[str]
+    ) -> Outcome:
+        """Allocate ``ids`` and record the pod's ids when the plugin answers."""
+        outcome = Outcome(device_ids=list(ids))
         try:
             answer = await plugin.stub.Allocate(
                 dp.AllocateRequest(
@@ -278,12 +344,23 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             )
         except grpc.aio.AioRpcError as exc:
             outcome.error, outcome.failed_at = exc, "Allocate"
-            return outcome, ids
+            return outcome
         if len(answer.container_responses) != 1:
             raise FakeKubeletError(f"Allocate answered {len(answer.container_responses)} times")
         outcome.response = answer.container_responses[0]
-        self.record(pod_namespace, pod_name, container, resource_name, ids)
-        return outcome, ids
+        self.record(pod_namespace, pod_name, container, plugin.request.resource_name, ids)
+        return outcome
+
+    async def _pre_start(self, plugin: Plugin, outcome: Outcome) -> None:
+        if not plugin.options.pre_start_required:
+            return
+        try:
+            await plugin.stub.PreStartContainer(
+                dp.PreStartContainerRequest(devices_ids=outcome.device_ids),
+                timeout=self.rpc_timeout_s,
+            )
+        except grpc.aio.AioRpcError as exc:
+            outcome.error, outcome.failed_at = exc, "PreStartContainer"
 
     async def _pick(self, plugin: Plugin, free: Sequence[str], count: int) -> list[str]:
         """The plugin's preference among the free ids, when it offers one, topped up from

@@ -17,7 +17,7 @@ from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import App, Ports
 from tests.certs import make_token
-from tests.helpers import running_app, short_dir, sim_settings
+from tests.helpers import fake_ports, running_app, short_dir, sim_settings
 
 TOKEN = "5f0c1e9a7b3d4c2e8f6a1b0c9d8e7f6a5b4c3d2e1f0a9b8c"
 
@@ -29,12 +29,7 @@ def root() -> Iterator[Path]:
 
 
 def ports() -> Ports:
-    return Ports(
-        gpu=FakeGpuBackend.with_gpus(2),
-        mps=FakeMpsManager(),
-        telemetry=[FakeTelemetrySource()],
-        simulated=True,
-    )
+    return fake_ports(2)
 
 
 @pytest.fixture

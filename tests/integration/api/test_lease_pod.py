@@ -12,10 +12,8 @@ import pytest
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.core.units import GIB
-from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
-from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import App, Ports
-from tests.helpers import running_app, short_dir, sim_settings
+from tests.helpers import fake_ports, running_app, short_dir, sim_settings
 
 POD = "team-a/train-42-0"
 
@@ -27,12 +25,7 @@ def root() -> Iterator[Path]:
 
 
 def ports() -> Ports:
-    return Ports(
-        gpu=FakeGpuBackend.with_gpus(2),
-        mps=FakeMpsManager(),
-        telemetry=[FakeTelemetrySource()],
-        simulated=True,
-    )
+    return fake_ports(2)
 
 
 def socket_of(app: App) -> grpc.aio.Channel:

@@ -1,6 +1,8 @@
 """The agent as the kubelet's device plugin: Allocate hands out the oldest pod lease
 waiting for it, and PreStartContainer refuses a container of another pod than the lease's
-(the kubelet's PodResources says which pod got the share units)."""
+(the kubelet's PodResources says which pod got the share units). Allocate for ids never
+advertised is refused and leaves the waiting lease alone; a bind retried after the hold
+starts it again; what was handed out before a restart stays handed out."""
 
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.config import Settings
 from agent.core.types import AdmissionRequest, PriorityClass
 from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import App, Ports
-from tests.helpers import running_app, short_dir, sim_settings
+from tests.helpers import FakeClock, running_app, short_dir, sim_settings
 from tests.kubelet.fake_kubelet import FakeKubelet, eventually
+
+SLOTS = 8
+HOLD_S = 30.0
 
 
 @pytest.fixture
@@ -35,27 +41,42 @@ async def kubelet(root: Path) -> AsyncIterator[FakeKubelet]:
         await fake.stop()
 
 
-@pytest.fixture
-async def agent(root: Path, kubelet: FakeKubelet) -> AsyncIterator[App]:
-    settings = sim_settings(
+def agent_settings(root: Path, kubelet: FakeKubelet) -> Settings:
+    return sim_settings(
         root,
         **{
             "estimator.model_dir": "none",
             "kubelet.enabled": True,
             "kubelet.plugin_dir": str(kubelet.plugin_dir),
             "kubelet.pod_resources_socket": str(kubelet.pod_resources_socket),
-            "kubelet.slots": 8,
+            "kubelet.slots": SLOTS,
+            "kubelet.hold_s": HOLD_S,
             "kubelet.shm_dir": str(root / "shm"),
         },
     )
-    ports = Ports(
+
+
+def agent_ports() -> Ports:
+    return Ports(
         gpu=FakeGpuBackend.with_gpus(2),
         mps=FakeMpsManager(),
         telemetry=[FakeTelemetrySource()],
         simulated=True,
     )
-    async with running_app(settings, ports) as app:
-        await kubelet.wait_for(lambda: len(kubelet.healthy()) == 8)
+
+
+async def serving(kubelet: FakeKubelet, registrations: int = 1) -> None:
+    """Until the agent's plugin has registered ``registrations`` times in all and listed
+    its units (a restarted agent registers again)."""
+    await kubelet.wait_for(
+        lambda: len(kubelet.register_requests) >= registrations and len(kubelet.healthy()) == SLOTS
+    )
+
+
+@pytest.fixture
+async def agent(root: Path, kubelet: FakeKubelet) -> AsyncIterator[App]:
+    async with running_app(agent_settings(root, kubelet), agent_ports()) as app:
+        await serving(kubelet)
         yield app
 
 
@@ -160,3 +181,78 @@ async def test_the_device_plugin_leaves_with_the_agent(root: Path, kubelet: Fake
         await kubelet.wait_for(lambda: len(kubelet.healthy()) == 64)
     await eventually(lambda: not kubelet.healthy())  # streams ended: devices unhealthy
     assert not (kubelet.plugin_dir / "gpushare.sock").exists()
+
+
+@pytest.mark.parametrize(
+    "ids", [["share-8"], ["share-0", "share-999"], ["GPU-0"]], ids=["past", "mixed", "foreign"]
+)
+async def test_allocate_for_units_never_advertised_is_refused_and_leaves_the_lease_waiting(
+    agent: App, kubelet: FakeKubelet, ids: list[str]
+) -> None:
+    lease = await admit(agent, "a")
+    stray = await kubelet.allocate_ids("ns", "stray", "main", ids)
+    assert stray.failed_at == "Allocate" and isinstance(stray.error, grpc.aio.AioRpcError)
+    assert stray.error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    details = str(stray.error.details())
+    assert "no lease is handed out" in details
+    assert all(i in details for i in ids if i != "share-0"), details
+    own = await kubelet.allocate("ns", "a", "main", 1)  # the pod the lease waits for
+    assert own.error is None, own.error
+    assert own.response is not None and own.response.envs["GPUSHARE_LEASE_ID"] == lease
+
+
+async def test_a_bind_retried_after_the_hold_gets_its_lease_allocated(
+    root: Path, kubelet: FakeKubelet
+) -> None:
+    clock = FakeClock()
+    async with running_app(agent_settings(root, kubelet), agent_ports(), clock=clock) as app:
+        await serving(kubelet)
+        lease = await admit(app, "a")  # the binder's Admit; its Binding is slow to land
+        clock.advance(HOLD_S + 1)
+        late = await kubelet.allocate("ns", "a", "main", 1)
+        assert late.failed_at == "Allocate", "the hold has passed"
+        assert await admit(app, "a") == lease  # the bind retried: same request id
+        got = await kubelet.allocate("ns", "a", "main", 1)
+    assert got.error is None, got.error
+    assert got.response is not None and got.response.envs["GPUSHARE_LEASE_ID"] == lease
+
+
+async def test_a_hold_started_again_is_still_running_after_a_restart(
+    root: Path, kubelet: FakeKubelet
+) -> None:
+    clock = FakeClock()
+    settings = agent_settings(root, kubelet)
+    async with running_app(settings, agent_ports(), clock=clock) as app:
+        await serving(kubelet)
+        lease = await admit(app, "a")
+        clock.advance(HOLD_S + 1)
+        assert await admit(app, "a") == lease  # the hold starts again, on disk
+    clock.advance(HOLD_S / 2)
+    async with running_app(settings, agent_ports(), clock=clock) as app:
+        await serving(kubelet, registrations=2)
+        got = await kubelet.allocate("ns", "a", "main", 1)
+    assert got.error is None, got.error
+    assert got.response is not None and got.response.envs["GPUSHARE_LEASE_ID"] == lease
+
+
+async def test_what_was_handed_out_before_a_restart_stays_handed_out(
+    root: Path, kubelet: FakeKubelet
+) -> None:
+    """The agent stops between a's Allocate and its PreStartContainer: after the restart
+    a's container starts under a's lease, and b's Allocate gets b's, not a's (whose hold
+    still runs)."""
+    settings = agent_settings(root, kubelet)
+    async with running_app(settings, agent_ports()) as app:
+        await serving(kubelet)
+        lease_a = await admit(app, "a")
+        allocated = await kubelet.allocate("ns", "a", "main", 1, pre_start=False)
+        assert allocated.error is None
+    async with running_app(settings, agent_ports()) as app:
+        await serving(kubelet, registrations=2)
+        started = await kubelet.pre_start("ns", "a", "main")
+        assert started.error is None, started.error
+        lease_b = await admit(app, "b")
+        got_b = await kubelet.allocate("ns", "b", "main", 1)
+        assert got_b.error is None, (got_b.failed_at, got_b.error)
+        assert got_b.response is not None
+        assert got_b.response.envs["GPUSHARE_LEASE_ID"] == lease_b != lease_a

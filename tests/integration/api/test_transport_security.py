@@ -15,12 +15,10 @@ import pytest
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.client import AgentClient, tls_credentials
-from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
-from agent.mps.fake import FakeMpsManager
 from agent.runtime import listeners
 from agent.runtime.app import App, Ports
 from tests.certs import Pki, make_pki, make_token
-from tests.helpers import running_app, short_dir, sim_settings
+from tests.helpers import fake_ports, running_app, short_dir, sim_settings
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
@@ -37,12 +35,7 @@ def pki(root: Path) -> Pki:
 
 
 def ports() -> Ports:
-    return Ports(
-        gpu=FakeGpuBackend.with_gpus(1),
-        mps=FakeMpsManager(),
-        telemetry=[FakeTelemetrySource()],
-        simulated=True,
-    )
+    return fake_ports(1)
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ async def test_malformed_bytes_are_invalid_argument_on_every_rpc(root: Path) -> 
     ):
         for method in SERVICE.methods:
             path = f"/{SERVICE.full_name}/{method.name}"
-            for payload in (*GARBAGE, os.urandom(64)):
+            for payload in (*GARBAGE, random := os.urandom(64)):
                 if method.server_streaming:
                     call = channel.unary_stream(path, lambda b: b, lambda b: b)(payload, timeout=5)
                     with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -42,7 +42,7 @@ async def test_malformed_bytes_are_invalid_argument_on_every_rpc(root: Path) -> 
                             payload, timeout=5
                         )
                 code = error.value.code()
-                if code is grpc.StatusCode.INVALID_ARGUMENT:
+                if code is grpc.StatusCode.INVALID_ARGUMENT and payload is not random:
                     assert f"not a valid {method.input_type.name}" in (error.value.details() or "")
                 else:  # random bytes that happen to parse get a real answer or a refusal
                     assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), path

@@ -3,6 +3,7 @@ wants) or fail, and a node over it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -81,3 +82,12 @@ def request(
     thread_pct: float = 10.0,
 ) -> AdmissionRequest:
     return AdmissionRequest(request_id, tenant, "a", priority, int(memory_gib * GIB), thread_pct)
+
+
+Ledger = tuple[NodeService, ControlledStore, EventLog]
+
+
+async def settle() -> None:
+    """A few turns of the loop with time for the store's thread: calls reach their wait."""
+    for _ in range(5):
+        await asyncio.sleep(0.02)

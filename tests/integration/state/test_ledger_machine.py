@@ -1,9 +1,15 @@
 """The ledger's promises explored: a hypothesis state machine drives admit, batches, gangs,
 releases, readiness, expiry, preemption and races with held writes on the real store, with
-write failures and restarts injected anywhere, and checks after every step that
+write failures and restarts injected anywhere, callers cancelled at any point of admit,
+admit-batch, preempting admit, commit, abort and release, and the reservation reaper
+racing commits. It checks after every step that
 
 - no device is committed past its memory, thread or client limits, and the ledger's
-  running tallies equal the sums over its leases;
+  running tallies equal the sums over its leases; during the racing steps a probe task
+  samples the ledger (every loop turn) and the store (as often as it can read) while the
+  writes are held, so not even a moment past the limits goes unseen;
+- no gang is committed in part: a commit admits every member reserved at that moment,
+  and never one of a gang that lost a reserved member in the same life;
 - the ledger equals the store (the same live leases, states and versions), so a restart
   restores exactly what was acknowledged;
 - no lease that ended is ever live again;
@@ -26,8 +32,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from agent.admission.policy import Rules, Tally
 from agent.core.errors import GpushareError, LeaseTransitionError
-from agent.core.lease import LeaseState
-from agent.core.types import Device, PriorityClass
+from agent.core.lease import Lease, LeaseState
+from agent.core.types import Device, Event, PriorityClass
 from agent.core.units import GIB
 from tests.integration.state.races import open_node, request
 
@@ -46,6 +52,73 @@ tenants = st.sampled_from(["a", "b"])
 threads = st.sampled_from([10.0, 25.0, 40.0])
 gangs = st.sampled_from(["g1", "g2", "g3"])
 picks = st.integers(0, 10_000)
+# where a cancelled caller is cut: after this many turns of the event loop
+cut_after = st.integers(0, 40)
+CALLS = ("admit", "batch", "preempting", "reserve", "commit", "abort", "release")
+
+
+def over_limits(device: Device, leases: Any) -> str:
+    """Why ``leases`` on ``device`` are past its limits, or ""."""
+    tally = Tally.of(list(leases))
+    used = tally.memory_bytes + tally.clients * RULES.context_overhead_bytes
+    if used > device.memory_bytes:
+        return f"{device.uuid}: {used} bytes committed of {device.memory_bytes}"
+    if tally.thread_pct > RULES.thread_budget_pct + 1e-9:
+        return f"{device.uuid}: {tally.thread_pct}% of threads"
+    if tally.guaranteed_thread_pct > RULES.guaranteed_budget_pct + 1e-9:
+        return f"{device.uuid}: {tally.guaranteed_thread_pct}% guaranteed threads"
+    if tally.clients > RULES.max_clients:
+        return f"{device.uuid}: {tally.clients} clients"
+    return ""
+
+
+def by_device(leases: Any) -> dict[str, list[Lease]]:
+    grouped: dict[str, list[Lease]] = {d.uuid: [] for d in DEVICES}
+    for lease in leases:
+        grouped.setdefault(lease.device_uuid, []).append(lease)
+    return grouped
+
+
+def partly_committed(events: list[Event], gang_of: dict[str, str | None]) -> str:
+    """Replay the stream: a commit must admit every member reserved at that moment, and
+    none of a gang that lost a reserved member in its current life (a life lasts while
+    the gang has live members). "" when no gang was committed in part."""
+    reserved: dict[str, set[str]] = {}
+    live: dict[str, set[str]] = {}
+    lost: dict[str, bool] = {}
+    at = 0
+    while at < len(events):
+        event = events[at]
+        gang = gang_of.get(event.lease_id or "")
+        at += 1
+        if not gang or not event.kind.startswith("lease."):
+            continue
+        members, alive = reserved.setdefault(gang, set()), live.setdefault(gang, set())
+        state = event.kind.removeprefix("lease.")
+        if state == "reserved":
+            members.add(event.lease_id or "")
+            alive.add(event.lease_id or "")
+        elif state == "admitted" and event.lease_id in members:
+            committed = {event.lease_id}
+            while at < len(events) and events[at].kind == "lease.admitted":
+                if gang_of.get(events[at].lease_id or "") != gang:
+                    break
+                committed.add(events[at].lease_id)
+                at += 1
+            if lost.get(gang):
+                return f"gang {gang} committed after it lost a reserved member"
+            if committed != members:
+                return f"gang {gang}: {sorted(committed)} committed of {sorted(members)}"
+            members.clear()
+        elif state in ("expired", "released", "evicted", "failed", "ineffective"):
+            if event.lease_id in members:
+                members.discard(event.lease_id)
+                if not event.message.endswith(f"gang {gang} aborted"):
+                    lost[gang] = True
+            alive.discard(event.lease_id or "")
+            if not alive:
+                lost[gang] = False  # the gang's life is over
+    return ""
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -56,6 +129,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.now = [1000.0]
         self.ended: set[str] = set()
         self.acked: set[str] = set()
+        self.seen_over: list[str] = []  # what the probe saw past the limits
         self.node, self.store, self.events = self.run(self._open())
 
     async def _open(self) -> Any:
@@ -163,6 +237,140 @@ class LedgerMachine(RuleBasedStateMachine):
 
         self.run(together())
 
+    # -- callers that go away, and the reaper racing commits --------------------------------
+
+    def start(self, call: str, rid: str, gang: str, gib: int, at: int) -> Any:
+        """The coroutine of one caller's call."""
+        if call == "admit":
+            return self.node.admit(request(rid, gib, tenant="a"))
+        if call == "batch":
+            return self.node.admit_batch(
+                [request(rid, gib, tenant="a"), request(f"{rid}-b", 5, tenant="a")]
+            )
+        if call == "preempting":
+            gib = self.preempting_gib()
+            return self.node.admit(request(f"p-{rid}", gib, PriorityClass.GUARANTEED, tenant="b"))
+        if call == "reserve":
+            return self.node.admit(request(f"{gang}-{rid}", gib, tenant="a"), gang_id=gang)
+        if call == "commit":
+            return self.node.commit(gang)
+        if call == "abort":
+            return self.node.abort(gang)
+        return self.node.release(self.pick(self.acked, at) or "l-none")
+
+    def preempting_gib(self) -> float:
+        """A size that fits only by preempting, where a best-effort lease can be a victim:
+        one GiB more than the device holding the most best-effort memory has free."""
+        best, room = 35.0, -1
+        for device in DEVICES:
+            leases = self.node.ledger.on_device(device.uuid)
+            victims = sum(x.memory_bytes for x in leases if x.priority is PriorityClass.BEST_EFFORT)
+            tally = Tally.of(list(leases))
+            free = device.memory_bytes - tally.memory_bytes - (tally.clients + 1) * GIB
+            if victims > room and victims > 0:
+                best, room = (free + GIB) / GIB, victims
+        return max(best, 1.0)
+
+    async def started(self, call: str, rid: str, gang: str, gib: int, at: int) -> Any:
+        """The call, made once its task runs (a task cancelled before it ran made none)."""
+        return await self.call(self.start(call, rid, gang, gib, at))
+
+    async def probe(self, stop: asyncio.Event) -> None:
+        """Sample the ledger every loop turn and the store as often as it reads, while
+        the step runs; what is past the limits is kept for the step to fail on."""
+        reading: asyncio.Future[list[Lease]] | None = None
+        while not stop.is_set():
+            for device in DEVICES:
+                if why := over_limits(device, self.node.ledger.on_device(device.uuid)):
+                    self.seen_over.append(f"ledger: {why}")
+            if reading is None or reading.done():
+                if reading is not None and not reading.exception():
+                    for uuid, leases in by_device(reading.result()).items():
+                        device = next(d for d in DEVICES if d.uuid == uuid)
+                        if why := over_limits(device, leases):
+                            self.seen_over.append(f"store: {why}")
+                reading = asyncio.ensure_future(self.store.live_leases())
+            await asyncio.sleep(0)
+        if reading is not None:
+            await asyncio.gather(reading, return_exceptions=True)
+
+    async def settled(self) -> None:
+        """Until no write of the ledger is in flight and its lock is free."""
+        while self.node.ledger.pinned() or self.node.transitions._lock.locked():
+            await asyncio.sleep(0.005)
+
+    @rule(
+        call=st.sampled_from(CALLS),
+        follow=st.sampled_from((*CALLS, "")),
+        rid=request_ids,
+        gang=gangs,
+        gib=sizes,
+        at=picks,
+        cut=cut_after,
+        hold=st.booleans(),
+        fail=st.booleans(),
+    )
+    def caller_goes_away(
+        self,
+        call: str,
+        follow: str,
+        rid: str,
+        gang: str,
+        gib: int,
+        at: int,
+        cut: int,
+        hold: bool,
+        fail: bool,
+    ) -> None:
+        """The call is cancelled after ``cut`` turns of the loop, with its writes held (a
+        slow disk) or not, failing or not; another call (``follow``) comes while they are
+        still held. The ledger must come out whole, and be within limits throughout."""
+
+        async def cut_short() -> None:
+            stop = asyncio.Event()
+            probe = asyncio.ensure_future(self.probe(stop))
+            if hold:
+                self.store.hold()
+            self.store.fail_writes = int(fail)
+            task = asyncio.ensure_future(self.started(call, rid, gang, gib, at))
+            for _ in range(cut):
+                await asyncio.sleep(0)
+            task.cancel()
+            followers = [self.started(follow, f"{rid}-f", gang, gib, at + 1)] if follow else []
+            after = [asyncio.ensure_future(c) for c in followers]
+            await asyncio.sleep(0.01)
+            self.store.release()
+            for answer in await asyncio.gather(task, *after, return_exceptions=True):
+                self.note(answer)
+                for result in getattr(answer, "results", ()):
+                    self.note(result)
+            await self.settled()
+            self.store.fail_writes = 0
+            stop.set()
+            await probe
+
+        self.run(cut_short())
+        assert not self.seen_over, self.seen_over[:3]
+
+    @rule(gang=gangs, seconds=st.sampled_from([0.5, 2.0]), reaper_first=st.booleans())
+    def reaper_races_commit(self, gang: str, seconds: float, reaper_first: bool) -> None:
+        """Time passes, then the reaper and a commit of the gang run together with the
+        store held: one of them wins each member, and the gang is committed whole or not
+        at all (checked by the invariant)."""
+
+        async def race() -> None:
+            self.now[0] += seconds
+            self.store.hold()
+            reaper = self.node.transitions.reaper_round(heartbeat=False)
+            commit = self.call(self.node.commit(gang))
+            calls = [reaper, commit] if reaper_first else [commit, reaper]
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            await asyncio.sleep(0.01)
+            self.store.release()
+            await asyncio.gather(*tasks)
+
+        self.run(race())
+
     # -- faults -----------------------------------------------------------------------------
 
     @rule(count=st.integers(1, 2))
@@ -212,6 +420,15 @@ class LedgerMachine(RuleBasedStateMachine):
             lease = self.run(self.store.lease(lease_id))
             assert lease is not None and not lease.state.holds_capacity, "acknowledged, lost"
             self.ended.add(lease_id)
+
+    @invariant()
+    def no_gang_committed_in_part(self) -> None:
+        events = self.run(self.store.events_since(0, limit=10_000))
+        gang_of: dict[str, str | None] = {}
+        for lease_id in {e.lease_id for e in events if e.lease_id}:
+            lease = self.run(self.store.lease(lease_id))
+            gang_of[lease_id] = lease.gang_id if lease is not None else None
+        assert not (why := partly_committed(events, gang_of)), why
 
     @invariant()
     def events_replay_to_the_store(self) -> None:

@@ -4,7 +4,6 @@ held on the store's thread (a slow sync) or failed (a full disk)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -12,25 +11,17 @@ import pytest
 from agent.core.errors import AlreadyExistsError, ConflictError, StateError
 from agent.core.lease import LeaseState
 from agent.core.types import PriorityClass, ReasonCode
-from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
-from tests.integration.state.races import DEVICE, ControlledStore, open_node, request
+from tests.integration.state.races import (
+    DEVICE,
+    ControlledStore,
+    Ledger,
+    open_node,
+    request,
+    settle,
+)
 
 BE, G = PriorityClass.BEST_EFFORT, PriorityClass.GUARANTEED
-Ledger = tuple[NodeService, ControlledStore, EventLog]
-
-
-@pytest.fixture
-async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
-    node, store, events = await open_node(tmp_path)
-    yield node, store, events
-    store.release()
-    await store.aclose()
-
-
-async def settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0.02)
 
 
 async def lease_kinds(store: ControlledStore, lease_id: str) -> list[str]:

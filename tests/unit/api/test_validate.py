@@ -80,3 +80,32 @@ def test_a_pod_is_namespace_slash_name(value: str, good: bool) -> None:
     else:
         with pytest.raises(ValidationError, match=r"request\.pod"):
             validate.request(message)
+
+
+@pytest.mark.parametrize(
+    ("sizing", "field"),
+    [
+        (pb.Sizing(parameters=10**15, mode="training"), "request.sizing"),
+        (pb.Sizing(parameters=10, mode="training"), "request.sizing"),
+        (
+            pb.Sizing(
+                parameters=10**9,
+                mode="inference",
+                layers=2**20,
+                kv_heads=2**20,
+                head_dim=2**20,
+                context_length=2**20,
+            ),
+            "request.sizing",
+        ),
+    ],
+)
+def test_a_sizing_out_of_range_names_the_sizing(sizing: pb.Sizing, field: str) -> None:
+    """The caller sent a sizing, not memory_bytes: the refusal names what it sent."""
+    message = good_request()
+    message.memory_bytes = 0
+    message.sizing.CopyFrom(sizing)
+    with pytest.raises(ValidationError) as error:
+        validate.request(message)
+    assert error.value.field == field
+    assert "sizing" in str(error.value)

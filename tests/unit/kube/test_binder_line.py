@@ -89,10 +89,16 @@ class Link:
 
     async def reserve(self, key: str, *, ttl_s: float, **fields: Any) -> pb.AdmitResponse:
         self.calls.append(f"reserve {fields['pod']}")
+        if fields["request_id"] not in self.leases:  # reserved until its gang's commit
+            self._lease(fields["request_id"])
+            self.leases[fields["request_id"]].state = "reserved"
         return self._lease(fields["request_id"])
 
     async def commit(self, key: str) -> None:
         self.calls.append(f"commit {key}")
+        for lease in self.leases.values():
+            if lease.state == "reserved":
+                lease.state = "admitted"
 
     async def abort(self, key: str) -> None:
         self.calls.append(f"abort {key}")
@@ -335,3 +341,57 @@ async def test_settled_gangs_are_forgotten_a_ttl_after_their_deadline() -> None:
         assert await asyncio.gather(*binds) == ["", ""]
         now[0] += 6  # one TTL past each gang's start: not yet a TTL past its deadline
     assert sorted(b._gangs) == ["team/g1", "team/g2"]  # g0's deadline was 5: forgotten at 12
+
+
+async def test_a_gang_member_bound_again_commits_its_new_reservation_only_in_its_turn() -> None:
+    """A member whose Binding failed after its gang's commit is reserved again (its lease
+    was given back) and committed on its own: only once its turn has come. Committed
+    while another pod's bind was in progress, its lease was older than that pod's and
+    that pod's Allocate got it."""
+    import grpc
+
+    from agent.core.lease import ENDED_REQUEST_ID_HINT
+
+    api = Api(pod("g0", gang="g", size=1), pod("a"))
+    cache = Cache(["n1"])
+    link = cache.links["n1"]
+    given_back: set[str] = set()
+    reserve = link.reserve
+
+    async def release(lease_id: str) -> None:
+        cache.calls.append(f"release {lease_id}")
+        given_back.add(lease_id)
+
+    async def reserve_again(key: str, *, ttl_s: float, **fields: Any) -> pb.AdmitResponse:
+        if f"L-{fields['request_id']}" in given_back:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details=f"its lease was released; {ENDED_REQUEST_ID_HINT}",
+            )
+        return await reserve(key, ttl_s=ttl_s, **fields)
+
+    link.release = release  # type: ignore[method-assign]
+    link.reserve = reserve_again  # type: ignore[method-assign]
+    b = binder(api, cache, hold_s=30, resolve_s=0.2)
+    api.fail["g0"] = KubeError(500, "InternalError", "etcd is down")  # did not land
+    assert await b.bind(NS, "g0", "uid-g0", "n1") != ""
+    assert "release L-uid-g0" in cache.calls
+    del api.fail["g0"]
+    api.hold = True  # a's Binding waits: a's bind is in progress, a not allocated
+    first = asyncio.create_task(b.bind(NS, "a", "uid-a", "n1"))
+    await until(lambda: "admit team/a" in cache.calls)
+    again = asyncio.create_task(b.bind(NS, "g0", "uid-g0", "n1"))
+    await until(lambda: cache.calls.count("reserve team/g0") == 2)
+    await settle()
+    assert cache.calls.count("commit team/g") == 1, cache.calls  # not yet: a is being bound
+    api.released.set()
+    assert await first == ""
+    await settle()
+    assert cache.calls.count("commit team/g") == 1, cache.calls  # a not allocated yet
+    cache.allocate("L-uid-a")
+    assert await asyncio.wait_for(again, 2) == ""
+    second_commit = max(i for i, call in enumerate(cache.calls) if call == "commit team/g")
+    assert cache.calls.index("allocated L-uid-a") < second_commit, cache.calls
+    assert [name for name, _, _ in api.bindings] == ["a", "g0"]

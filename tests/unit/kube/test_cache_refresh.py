@@ -326,3 +326,20 @@ async def test_a_lease_both_answered_and_pending_is_live_once() -> None:
     async with following(link) as (cache, _):
         cache.add_pending("n1", lease_of(granted("l-a")))
         assert [x.lease_id for x in cache.live_leases("n1")] == ["l-a"]
+
+
+@pytest.mark.parametrize("kind", ["lease.allocated", "lease.released", "lease.evicted"])
+async def test_a_wait_for_an_allocation_ends_when_the_lease_is_allocated_or_ends(
+    kind: str,
+) -> None:
+    """A bind waiting for the lease before it to be allocated goes on as soon as that lease
+    is allocated, or ended (its pod gone: nothing is left to allocate), not a hold later."""
+    link = Link()
+    async with following(link) as (cache, _entry):
+        waiting = asyncio.ensure_future(cache.wait_allocated("n1", "l-1", 30.0))
+        await asyncio.sleep(0.05)
+        link.events.put_nowait(pb.Event(seq=1, kind=kind, lease_id="l-1"))
+        async with asyncio.timeout(2.0):
+            assert await waiting is True
+        async with asyncio.timeout(2.0):  # asked again afterwards: at once
+            assert await cache.wait_allocated("n1", "l-1", 30.0) is True

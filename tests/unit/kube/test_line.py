@@ -1,9 +1,14 @@
 """A node's line of binds: who waits for whom as pods join, a gang goes in ahead of the
-pods still waiting, and turns end before they started."""
+pods still waiting, turns end before they started, and a turn that overruns holds up the
+others one at a time."""
 
 from __future__ import annotations
 
-from agent.kube.line import Line
+import asyncio
+import itertools
+import time
+
+from agent.kube.line import Line, Lines, Turn
 
 
 def test_pods_wait_for_the_one_before_them() -> None:
@@ -50,3 +55,53 @@ def test_a_gang_in_an_empty_line_waits_for_nobody() -> None:
     line = Line()
     (g1,) = line.join_front(1)
     assert g1.previous is None
+
+
+class Allocations:
+    """What the lines read from the agents' cache: nothing is ever allocated."""
+
+    def injector(self, node: str) -> str:
+        return "device-plugin"
+
+    async def wait_allocated(self, node: str, lease_id: str, timeout_s: float) -> bool:
+        await asyncio.sleep(timeout_s)
+        return False
+
+
+async def test_turns_behind_a_stuck_one_start_one_at_a_time_not_together() -> None:
+    """The first turn's bind does not end: the next starts after the hold, and the ones
+    behind it wait for it in turn (they all timed out together and bound at once)."""
+    hold_s = 0.2
+    lines = Lines(Allocations(), hold_s=hold_s, clock=time.monotonic)
+    stuck, *behind = lines.new_turns("n", 4)
+    started: list[float] = []
+
+    async def bind(turn: Turn) -> None:
+        async with lines.taken("n", turn):
+            started.append(time.monotonic())
+            await asyncio.sleep(3600)  # never ends on its own
+
+    first = asyncio.ensure_future(bind(stuck))
+    others = [asyncio.ensure_future(bind(t)) for t in behind]
+    await asyncio.sleep(hold_s * 2.5)
+    for task in (first, *others):
+        task.cancel()
+    await asyncio.gather(first, *others, return_exceptions=True)
+    assert len(started) == 3, started  # the first, then one per hold: not all four at once
+    gaps = [b - a for a, b in itertools.pairwise(started)]
+    assert all(gap >= hold_s * 0.9 for gap in gaps), gaps
+
+
+class Ended(Allocations):
+    async def wait_allocated(self, node: str, lease_id: str, timeout_s: float) -> bool:
+        return True  # its lease ended: nothing is left to allocate
+
+
+async def test_a_lease_that_ended_lets_the_next_go_at_once() -> None:
+    lines = Lines(Ended(), hold_s=30.0, clock=time.monotonic)
+    first, second = lines.new_turns("n", 2)
+    async with lines.taken("n", first):
+        lines.end("n", first, "L-1")
+    async with asyncio.timeout(1.0):
+        async with lines.taken("n", second):
+            pass

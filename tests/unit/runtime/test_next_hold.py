@@ -1,5 +1,5 @@
 """Which lease the kubelet's next Allocate gets: the oldest admitted pod lease not yet
-allocated whose hold has not expired."""
+allocated whose hold has not expired, a hold running from the lease's latest grant."""
 
 from __future__ import annotations
 
@@ -40,4 +40,21 @@ def test_the_next_hold(
     leases: list[Lease], allocated: list[str], now: float, expected: str | None
 ) -> None:
     found = next_hold(leases, allocated, now=now, hold_s=30.0)
+    assert (found.lease_id if found else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("leases", "granted_at", "now", "expected"),
+    [
+        ([lease("a", 1)], {"a": 35.0}, 40, "a"),  # granted again at 35: held from then
+        ([lease("a", 1)], {"a": 5.0}, 40, None),  # granted again, but long ago
+        ([lease("a", 1, updated_at=30.0)], {"a": 5.0}, 40, "a"),  # the later of the two
+        ([lease("a", 1), lease("b", 20)], {"a": 35.0}, 40, "a"),  # still by age
+        ([lease("a", 1), lease("b", 20)], {"c": 35.0}, 40, "b"),  # another lease's grant
+    ],
+)  # fmt: skip
+def test_a_grant_repeated_starts_the_hold_again(
+    leases: list[Lease], granted_at: dict[str, float], now: float, expected: str | None
+) -> None:
+    found = next_hold(leases, [], now=now, hold_s=30.0, granted_at=granted_at)
     assert (found.lease_id if found else None) == expected

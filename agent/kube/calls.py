@@ -1,0 +1,97 @@
+"""The binder's calls to the agents, and the work it does not let its caller cut short.
+
+An agent's refusal is a :class:`BindError` in the agent's words. A call whose agent link
+closed under it (the agent left the cache) is a failed call like any other, never taken for
+the bind's own cancellation (grpc.aio raises ``CancelledError`` then). :func:`unbroken`
+runs a piece of work to its end whatever happens to the task that waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from agent.core.lease import ENDED_REQUEST_ID_HINT
+from agent.kube.cache import AgentCache
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class BindError(Exception):
+    """Why a pod was not bound (the sentence the scheduler shows)."""
+
+
+async def unbroken(work: Coroutine[Any, Any, T]) -> T:
+    """``work`` run to its end even if the caller is cancelled meanwhile; the
+    cancellation is raised once it has ended."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # seen: the cancellation is what the caller gets
+        raise asyncio.CancelledError
+    return task.result()
+
+
+@contextlib.contextmanager
+def link_closed_fails(node: str) -> Iterator[None]:
+    """A call whose agent link closed under it raises ``CancelledError`` in grpc.aio:
+    unless this task is the one being cancelled, it is a failed call (UNAVAILABLE)."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            f"the connection to the agent on {node} closed during the call",
+            None,
+        ) from None
+
+
+async def agent_call(node: str, call: Awaitable[T]) -> T:
+    """The call's answer; a refusal, or a failure to answer, is a :class:`BindError`."""
+    try:
+        with link_closed_fails(node):
+            return await call
+    except grpc.aio.AioRpcError as exc:
+        raise BindError(refused_by(node, exc)) from exc
+
+
+async def give_back(
+    cache: AgentCache, node: str, lease_id: str, undo: Callable[[], Awaitable[Any]]
+) -> None:
+    """Give a lease back (``undo``: its Release, or its gang's Abort); one that the agent
+    does not take back is logged: the controller's reconcile ends it."""
+    cache.drop_pending(node, lease_id)
+    try:
+        with link_closed_fails(node):
+            await undo()
+    except grpc.aio.AioRpcError as exc:
+        log.warning("lease %s on %s not given back: %s", lease_id, node, exc.details())
+
+
+def refused_by(node: str, exc: grpc.aio.AioRpcError) -> str:
+    return f"{node}: the agent refused: {exc.code().name}: {exc.details()}"
+
+
+def ended_request_id(exc: grpc.aio.AioRpcError) -> bool:
+    """The agent's answer to a request id whose lease has ended (never reused)."""
+    return exc.code() is grpc.StatusCode.FAILED_PRECONDITION and ENDED_REQUEST_ID_HINT in (
+        exc.details() or ""
+    )
