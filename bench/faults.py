@@ -11,7 +11,11 @@ Each faulted request is answered one way, drawn at random:
 - a pod patch (``PATCH .../pods/<name>``: the controller's finalizer removals): the same,
   with a 409 that did not land (a stale resourceVersion) instead;
 - a pod watch (``GET ...pods?watch=true``): a 410 (the version expired: list again), a
-  500, a reset.
+  500, a reset; every watch is also ended every few seconds (:func:`end_watches`, as the
+  server ends one at its ``timeoutSeconds``), so the watchers connect again, and again
+  draw;
+- a read of one pod (``GET .../pods/<name>``: the binder's read-backs): a 500, a reset, no
+  answer.
 
 A kill happens when a Binding arrives for a node whose agent is up (at most one agent
 down at a time, at least ``kill_every_s`` apart): the node's agent is SIGKILLed before the
@@ -68,6 +72,7 @@ WRITES = (
 BINDING_ANSWERS = (*WRITES, Answer("409-landed", 409, landed=True))
 PATCH_ANSWERS = (*WRITES, Answer("409", 409))
 WATCH_ANSWERS = (Answer("410", 410), Answer("500", 500), Answer("reset", 0))
+READ_ANSWERS = (Answer("500", 500), Answer("reset", 0), Answer("timeout", 0, hang=True))
 _BINDING = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/binding$")
 _POD = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+$")
 _PODS = re.compile(r"^/api/v1/(namespaces/[^/]+/)?pods$")
@@ -81,6 +86,8 @@ def kind_of(request: web.Request) -> str:
         return "patch"
     if request.method == "GET" and _PODS.match(request.path) and _watching(request):
         return "watch"
+    if request.method == "GET" and _POD.match(request.path):
+        return "read"
     return ""
 
 
@@ -88,7 +95,12 @@ def _watching(request: web.Request) -> bool:
     return request.query.get("watch") in ("1", "true", "True")
 
 
-ANSWERS = {"binding": BINDING_ANSWERS, "patch": PATCH_ANSWERS, "watch": WATCH_ANSWERS}
+ANSWERS = {
+    "binding": BINDING_ANSWERS,
+    "patch": PATCH_ANSWERS,
+    "watch": WATCH_ANSWERS,
+    "read": READ_ANSWERS,
+}
 
 
 @dataclass
@@ -138,6 +150,13 @@ class Chaos:
             "answered": dict(sorted(self.answered.items())),
             "agents_killed_mid_bind": self.kills,
         }
+
+
+async def end_watches(end: Callable[[], None], every_s: float) -> None:
+    """End every open watch every ``every_s`` (a benchmark task, until cancelled)."""
+    while True:
+        await asyncio.sleep(every_s)
+        end()
 
 
 async def restart_later(start: Callable[[], Any], after_s: float) -> None:

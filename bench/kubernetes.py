@@ -42,8 +42,9 @@ Measured in the same run:
   API server at the end (the finalizer never removed).
 
 With ``--faults SHARE`` (:mod:`bench.faults`), the stand-in API server answers that share
-of Bindings, pod patches (the finalizer's removal) and pod watches with a 5xx or a timeout
-that landed or did not, a 409, a 410 or a reset, and agents are SIGKILLed in the middle of
+of Bindings, pod patches (the finalizer's removal), pod watches (each ended every
+``--end-watches-s``, so they connect again) and reads of a pod with a 5xx or a timeout that
+landed or did not, a 409, a 410 or a reset, and agents are SIGKILLed in the middle of
 binds (``--kill-agents``) and started again; ``gpushare kube serve`` gives an API request up
 after ``--api-timeout-s``. Reported beside the figures above:
 
@@ -95,7 +96,7 @@ from agent.admission.policy import Rules  # noqa: E402
 from agent.client import AgentClient, Priority  # noqa: E402
 from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
 from bench.cpu import cpu_by_part, ms_per  # noqa: E402
-from bench.faults import Chaos, restart_later  # noqa: E402
+from bench.faults import Chaos, end_watches, restart_later  # noqa: E402
 from bench.kube_scheduler_proc import RemoteScheduler  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
 from tests.kube.apiserver import ApiError, Obj  # noqa: E402
@@ -548,6 +549,9 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             asyncio.create_task(bench.sampler(), name="sampler"),
             asyncio.create_task(bench.progress(), name="progress"),
         ]
+        if args.faults:
+            ending = end_watches(cluster.api_server.end_watches, args.end_watches_s)
+            beside.append(asyncio.create_task(ending, name="watch-ends"))
         try:
             cpu_before = cpu_by_part(part_of)
             await _unless_ended(beside[0], bench.creator(spawn))
@@ -770,6 +774,12 @@ def main() -> None:
         "fault (0: none; see bench/faults.py)",
     )
     parser.add_argument("--kill-agents", type=int, default=0, help="agents SIGKILLed mid-bind (0)")
+    parser.add_argument(
+        "--end-watches-s",
+        type=float,
+        default=3.0,
+        help="with --faults: every watch is ended this often, and connects again (3)",
+    )
     parser.add_argument("--kill-every-s", type=float, default=10.0, help="between kills (10)")
     parser.add_argument(
         "--restart-after-s", type=float, default=2.0, help="a killed agent starts again (2)"

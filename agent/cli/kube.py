@@ -145,8 +145,8 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> floa
 @seconds_option(
     "--bind-resolve-s",
     10.0,
-    "How long a pod whose Binding's answer was lost (a 5xx, a timeout, a broken connection) "
-    "is read back before its lease is kept for the pod's next try.",
+    "How long a Binding whose answer was lost (a 5xx, a timeout, a broken connection) is "
+    "sent again until one is sure, before its pod's lease is kept for the pod's next try.",
 )
 @seconds_option(
     "--api-timeout-s",

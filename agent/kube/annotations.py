@@ -207,7 +207,7 @@ _SCALE = {
     "": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
 }  # fmt: skip
-_AGENT_SPELLING_RE = re.compile(r"^[\d.]+[ \t]*[kKmMgGtT]?i?[bB]$", re.ASCII)  # 20GiB, 100b
+_AGENT_SPELLING_RE = re.compile(r"[\d.]+[ \t]*[kKmMgGtT]?i?[bB]", re.ASCII)  # 20GiB, 100b
 EXAMPLES = "examples: 20Gi, 512Mi, 1.5Gi, 20G, 20GiB"
 
 
@@ -220,7 +220,7 @@ def parse_quantity(text: str) -> int:
     value = text.strip(SPACES)
     match = _QUANTITY_RE.fullmatch(value)
     if match is None:
-        if _AGENT_SPELLING_RE.match(value):
+        if _AGENT_SPELLING_RE.fullmatch(value):
             return parse_bytes(value)
         raise UnitError(f"cannot read {shown(text)} as a quantity ({EXAMPLES})")
     number, suffix = match.group("num"), match.group("suffix") or ""

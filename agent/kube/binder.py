@@ -10,13 +10,15 @@ back, never half way. Binds of one pod run one at a time; one sent again meanwhi
 for the first, then reads the pod afresh. :meth:`Binder.aclose` lets a Binding in flight
 end first.
 
-A Binding whose answer is not sure (a 5xx, a timeout, a broken connection, a 409) is
-resolved by reading the pod back (:mod:`agent.kube.binding`). Bound to the node with this
-lease, the bind is done; not bound, the lease is given back. Unknown (the pod could not be
-read back), nothing is guessed: the lease is kept, the bind answers why, and the pod's
-next try takes the same lease (same request id) or, bound elsewhere, gives it back. Left
-alone (``kube serve`` stops), the lease controller's reconcile keeps it while the pod lives
-unbound or bound with it, and releases it once the pod is gone or bound elsewhere.
+A Binding whose answer is not sure (a 5xx, a timeout, a broken connection) is sent again
+until it is, and a 409 is resolved by reading the pod back (:mod:`agent.kube.binding`).
+Bound to the node with this lease, the bind is done; not bound, the lease is given back
+(and, if the agent does not take it back, the node's next pod waits for its hold). Unknown
+(no answer is sure in time, or the pod could not be read back), nothing is guessed: the
+lease is kept (:mod:`agent.kube.kept`), the bind answers why, and the pod's next try takes the same lease (same
+request id) or, bound elsewhere, gives it back. Left alone (``kube serve`` stops), the
+lease controller's reconcile keeps it while the pod lives unbound or bound with it, and
+releases it once the pod is gone or bound elsewhere.
 
 A member of a gang committed before (:mod:`agent.kube.gangs`), bound again after its
 Binding failed, gets its committed lease back (``Reserve``, same request id) or, that one
@@ -64,6 +66,7 @@ from agent.kube.calls import (
     unbroken,
 )
 from agent.kube.gangs import Gangs
+from agent.kube.kept import Kept, KeptLeases
 from agent.kube.line import Lines, Turn
 from agent.kube.port import KubeApi, KubeError, NotFound, Obj, annotations_of
 from agent.kube.views import lease_of, pod_request_id, request_fields
@@ -74,7 +77,7 @@ __all__ = ["BindError", "BindOptions", "Binder"]
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_IDS = 8  # request ids tried in one bind
-ATTEMPTS_KEPT = 10_000  # per-pod memories (request id attempts, kept leases)
+ATTEMPTS_KEPT = 10_000  # pods whose request id's attempt is remembered
 
 # the pod of this UID as an informer last saw it, or None (then it is read from the API)
 PodLookup = Callable[[str], Obj | None]
@@ -84,18 +87,9 @@ PodLookup = Callable[[str], Obj | None]
 class BindOptions:
     hold_s: float = 30.0  # how long a bound pod may take to be allocated by its kubelet
     gang_ttl_s: float = 120.0  # how long a gang's members may take to all be reserved
-    # how long a pod whose Binding's outcome is unknown is read back before its lease is
-    # kept for its next try
+    # how long a Binding whose answer is not sure is sent again before its lease is kept
+    # for the pod's next try
     resolve_s: float = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class Kept:
-    """A lease kept for a pod's next try: its Binding's outcome was not known."""
-
-    node: str
-    lease_id: str
-    turn: Turn
 
 
 class Binder:
@@ -115,7 +109,7 @@ class Binder:
         self._lines = Lines(cache, hold_s=options.hold_s, clock=clock)
         self._gangs = Gangs(cache, self._lines, ttl_s=options.gang_ttl_s, clock=clock)
         self._attempts: dict[str, int] = {}  # pod uid -> its request id's attempt, newest last
-        self._kept: dict[str, Kept] = {}  # pod uid -> a lease kept for its next try
+        self._kept = KeptLeases(cache, self._lines)
         self.in_flight: dict[str, asyncio.Task[str]] = {}  # pod -> its bind in progress
         self._closed = False
         self.queued: Counter[str] = Counter()  # node -> binds to it in progress or waiting
@@ -165,7 +159,7 @@ class Binder:
                 # a bind sent again (its answer lost, or from a stale view of the pod): the
                 # pod's lease is granted and in use; asking again, annotating or giving back
                 # would touch it
-                await self._settle_kept(uid, (bound, annotations_of(pod).get(LEASE_ANNOTATION, "")))
+                await self._kept.settle(uid, (bound, annotations_of(pod).get(LEASE_ANNOTATION, "")))
                 return "" if bound == node else f"pod {namespace}/{name} is bound to {bound}"
             ask = parse_ask(pod)
             assumed = self._cache.keep_assumed(uid, node)  # counted while it waits its turn
@@ -178,7 +172,7 @@ class Binder:
             log.info("bind %s/%s on %s: %s", namespace, name, node, exc)
             return str(exc)
         except NotFound:
-            await self._settle_kept(uid, None)
+            await self._kept.settle(uid, None)
             return f"pod {namespace}/{name} is gone"
         except KubeError as exc:
             return f"pod {namespace}/{name} not read: {exc}"
@@ -205,7 +199,7 @@ class Binder:
         fields = request_fields(pod, ask)
         kept = self._kept.get(pod["metadata"]["uid"])
         if kept is not None and kept.node == node:  # its lease is the one kept
-            turn = self._rejoin(pod["metadata"]["uid"], node)
+            turn = self._kept.turn(pod["metadata"]["uid"], node)
         else:
             [turn] = self._lines.new_turns(node, 1)
         async with self._lines.taken(node, turn):
@@ -244,49 +238,29 @@ class Binder:
         meta = pod["metadata"]
         ended_with = ""
         try:
+            if turn.overtaken:  # the next pod went on meanwhile: not two to pair at once
+                await give_back(self._cache, node, lease.lease_id, undo)
+                raise BindError(
+                    f"{node}: the bind took longer than the hold ({self._options.hold_s:.0f} s) "
+                    "and the next pod on the node went on: its lease is given back, try again"
+                )
             outcome, why = await binding.bind(
                 self._api, meta, node, lease.lease_id, resolve_s=self._options.resolve_s
             )
             if outcome is Outcome.BOUND:
                 ended_with = lease.lease_id
-                await self._settle_kept(meta["uid"], (node, lease.lease_id))
+                await self._kept.settle(meta["uid"], (node, lease.lease_id))
                 return
             if outcome is Outcome.UNKNOWN:
                 ended_with = lease.lease_id
-                self._keep(meta["uid"], Kept(node, lease.lease_id, turn))
+                self._kept.keep(meta["uid"], Kept(node, lease.lease_id, turn))
                 raise BindError(why)
-            if (
-                kept := self._kept.get(meta["uid"])
-            ) is not None and kept.lease_id == lease.lease_id:
-                del self._kept[meta["uid"]]  # the lease kept is the one given back now
-            await give_back(self._cache, node, lease.lease_id, undo)
+            self._kept.forget(meta["uid"], lease.lease_id)  # given back now, if kept
+            if not await give_back(self._cache, node, lease.lease_id, undo):
+                ended_with = lease.lease_id  # still live: the next waits for its hold
             raise BindError(why)
         finally:
             self._lines.end(node, turn, ended_with)
-
-    def _keep(self, uid: str, kept: Kept) -> None:
-        self._kept.pop(uid, None)
-        self._kept[uid] = kept
-        while len(self._kept) > ATTEMPTS_KEPT:
-            del self._kept[next(iter(self._kept))]
-
-    async def _settle_kept(self, uid: str, placement: tuple[str, str] | None) -> None:
-        """The pod is now known to be gone (None) or placed: (node, lease annotation),
-        ("", "") when unbound. A lease kept for it is forgotten if the pod is bound with it
-        (no annotation: bound there, the lease is its own, as the controller reads it),
-        left for its next try while it is unbound, else given back."""
-        kept = self._kept.get(uid)
-        if kept is None or (placement is not None and placement[0] == ""):
-            return
-        del self._kept[uid]
-        if placement is not None and placement in ((kept.node, ""), (kept.node, kept.lease_id)):
-            return  # bound with it: in use
-        self._lines.line(kept.node).gave_back(kept.turn)
-        link = self._cache.link(kept.node)
-        if link is None:  # the controller's reconcile releases it
-            log.warning("lease %s kept on %s not given back: no agent", kept.lease_id, kept.node)
-            return
-        await give_back(self._cache, kept.node, kept.lease_id, partial(link.release, kept.lease_id))
 
     # -- gangs -----------------------------------------------------------------------------
 
@@ -307,7 +281,11 @@ class Binder:
         if not answer.decision.admitted:
             raise BindError(f"{node}: {answer.decision.reason}: {answer.decision.message}")
         lease = answer.lease
-        if self._gangs.committed_with(uid) == key or lease.state == LeaseState.ADMITTED.value:
+        if (
+            self._gangs.committed_with(uid) == key
+            or lease.state == LeaseState.ADMITTED.value
+            or self._gangs.running(key, f"{meta['namespace']}/{meta['name']}")
+        ):
             await self._bind_again(pod, node, lease, key)  # its gang was committed before
             return
         gang = self._gangs.join(key, ask.gang_size, uid, node, lease)
@@ -332,7 +310,7 @@ class Binder:
         meanwhile, whose Allocate would get it."""
         link = self._link(node)
         undo = partial(link.release, lease.lease_id)
-        turn = self._rejoin(pod["metadata"]["uid"], node)
+        turn = self._kept.turn(pod["metadata"]["uid"], node)
         async with self._lines.taken(node, turn):
             if lease.state == LeaseState.RESERVED.value:
                 try:
@@ -372,15 +350,6 @@ class Binder:
             self.queued[node] -= 1
             if not self.queued[node]:
                 del self.queued[node]
-
-    def _rejoin(self, uid: str, node: str) -> Turn:
-        """A turn for a pod whose lease was granted before this try (kept for it, or its
-        gang's): in the place of its last turn on ``node`` if that one kept the lease,
-        else ahead of the pods not admitted yet."""
-        kept = self._kept.get(uid)
-        return self._lines.rejoin(
-            node, kept.turn if kept is not None and kept.node == node else None
-        )
 
     def _link(self, node: str) -> AgentLink:
         link = self._cache.link(node)

@@ -2,11 +2,14 @@
 
 The Binding carries the lease as its annotation (the API server copies it onto the pod in
 the same write that sets the node). Its answer is sure when it is a success or a refusal
-that changed nothing: a 4xx other than a 409, or no connection at all. Anything else (a
-5xx, a timeout, a broken connection, a 409, which may answer a Binding that landed before)
-may have landed: the pod is read back, again with backoff for at most ``resolve_s``, and
-:func:`binding_outcome` decides from what it shows. A pod that cannot be read back leaves
-the outcome unknown: nothing is guessed.
+that changed nothing: a 4xx other than a 409, or no connection at all. A 5xx, a timeout or
+a broken connection may have landed, now or later (the API server may apply a write after
+its client gave up): the same Binding is sent again, with backoff, for at most
+``resolve_s``. The API server applies one Binding of a pod and answers any other with a
+409, so the pod ends bound with this lease either way, and the answers become sure: a
+success, or a 409 after which the pod is read back (:func:`binding_outcome` decides from
+what it shows). Only when no Binding is answered within ``resolve_s``, or the pod cannot
+be read back, is the outcome unknown: nothing is guessed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import enum
 import logging
 
+from agent.kube.bounded import printable
 from agent.kube.port import KubeApi, KubeError, NotFound, Obj, Unanswered, annotations_of
 from agent.kubelet.port import LEASE_ANNOTATION
 
@@ -63,34 +67,66 @@ def binding_outcome(pod: Obj | None, uid: str, node: str, lease_id: str) -> tupl
 async def bind(
     api: KubeApi, meta: Obj, node: str, lease_id: str, *, resolve_s: float
 ) -> tuple[Outcome, str]:
-    """Create the pod's Binding to ``node`` with ``lease_id``; an answer that is not sure
-    is resolved by reading the pod back. (outcome, why it is not bound)."""
+    """Create the pod's Binding to ``node`` with ``lease_id``, again while its answer is
+    not sure (see the module's text). (outcome, why it is not bound)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + resolve_s
+    delay_s = READ_BACK_FIRST_S
+    first: KubeError | None = None
+    while True:
+        try:
+            await api.bind_pod(
+                meta["namespace"],
+                meta["name"],
+                meta["uid"],
+                node,
+                annotations={LEASE_ANNOTATION: lease_id},
+            )
+        except KubeError as exc:
+            failure = exc
+        else:
+            if first is not None:
+                log.info(
+                    "binding of %s to %s sent again: bound (after: %s)", *_named(meta, node), first
+                )
+            return Outcome.BOUND, ""
+        first = first or failure
+        why = f"binding to {node} failed: {failure}"
+        if refused(failure) and failure is first:
+            return Outcome.NOT_BOUND, why
+        conflict = failure.status == 409  # a Binding of the pod landed: this one, or another
+        if conflict or refused(failure) or loop.time() + delay_s > deadline:
+            return await _read_back_outcome(
+                api, meta, (node, lease_id), why, deadline=deadline, landed=conflict
+            )
+        await asyncio.sleep(delay_s)
+        delay_s = min(delay_s * 2, READ_BACK_MAX_S)
+
+
+async def _read_back_outcome(
+    api: KubeApi, meta: Obj, binding: tuple[str, str], why: str, *, deadline: float, landed: bool
+) -> tuple[Outcome, str]:
+    """What the pod shows once a Binding of it ``landed`` (a 409), or its answers stayed
+    unsure. Unbound after unsure answers, a Binding may still land: unknown, like a pod
+    that cannot be read back."""
+    node, lease_id = binding
+    kept = f"lease {lease_id} is kept until it is known whether the pod is bound"
+    left_s = max(deadline - asyncio.get_running_loop().time(), READ_BACK_FIRST_S)
     try:
-        await api.bind_pod(
-            meta["namespace"],
-            meta["name"],
-            meta["uid"],
-            node,
-            annotations={LEASE_ANNOTATION: lease_id},
-        )
-        return Outcome.BOUND, ""
+        found = await read_back(api, meta["namespace"], meta["name"], resolve_s=left_s)
     except KubeError as exc:
-        failure = exc
-    why = f"binding to {node} failed: {failure}"
-    if refused(failure):
-        return Outcome.NOT_BOUND, why
-    try:
-        found = await read_back(api, meta["namespace"], meta["name"], resolve_s=resolve_s)
-    except KubeError as exc:
-        log.warning("binding of %s to %s: outcome unknown: %s", meta["name"], node, exc)
-        return Outcome.UNKNOWN, (
-            f"{why}; the pod could not be read back ({exc}): lease {lease_id} is kept "
-            "until it is known whether the pod is bound"
-        )
+        log.warning("binding of %s to %s: outcome unknown: %s", *_named(meta, node), exc)
+        return Outcome.UNKNOWN, f"{why}; the pod could not be read back ({exc}): {kept}"
     outcome, not_bound = binding_outcome(found, meta["uid"], node, lease_id)
     if outcome is Outcome.BOUND:
-        log.info("binding of %s to %s landed despite: %s", meta["name"], node, failure)
+        log.info("binding of %s to %s landed despite: %s", *_named(meta, node), why)
+    elif not landed and found is not None and not (found.get("spec") or {}).get("nodeName"):
+        return Outcome.UNKNOWN, f"{why} ({not_bound} yet): {kept}"
     return outcome, f"{why} ({not_bound})"
+
+
+def _named(meta: Obj, node: str) -> tuple[str, str]:
+    return printable(str(meta.get("name", ""))), printable(node)
 
 
 async def read_back(api: KubeApi, namespace: str, name: str, *, resolve_s: float) -> Obj | None:

@@ -1,16 +1,20 @@
 """Reading what a caller sends the cluster side, with its cost bounded before it is paid.
 
 :func:`load_json` reads an HTTP body: UTF-8 only, then a scan of its raw bytes counts its
-values and measures its nesting, and only a body within both limits is handed to
-:func:`json.loads`. The scan is a few passes of ``bytes`` methods and one regular
-expression (strings skipped), no Python object per value: a body 100,000 deep or of a
-million empty arrays is refused without being built.
+values, measures its nesting and the length of its numbers (at most :data:`MAX_DIGITS`
+digits in a row), and only a body within these limits is handed to :func:`json.loads`.
+The scan is a few passes of ``bytes`` methods and one regular expression (strings
+skipped), no Python object per value: a body 100,000 deep, of a million empty arrays or of
+thousands of 4,000-digit integers is refused without being built.
 
-:func:`load_yaml` reads a short YAML (or JSON) text, such as an annotation's value, with
-anchors, aliases and explicit tags (``!!int``, ``!name``) refused and the nesting and the
-number of nodes counted as the document is composed: no value is expanded or built past the
-limits, so a few hundred characters of aliases cannot cost seconds and hundreds of MiB, and
-no tag's constructor meets a value it was not written for.
+:func:`load_yaml` reads a short YAML (or JSON) text, such as an annotation's value: the
+nesting of its flow brackets is measured on the raw text first (PyYAML's scanner pays the
+square of a run of brackets before its composer could count one level: 1024 ``[`` cost
+about 100 ms), then anchors, aliases and explicit tags (``!!int``, ``!name``) are refused
+and the nesting and the number of nodes counted as the document is composed: no value is
+expanded or built past the limits, so a few hundred characters of aliases cannot cost
+seconds and hundreds of MiB, and no tag's constructor meets a value it was not written
+for. A text of 1024 characters costs a few ms at most.
 
 Both raise :class:`Unreadable`, which says what is wrong without repeating the input.
 :func:`printable` makes a caller's text safe for one log line, :func:`shown` any
@@ -29,6 +33,9 @@ from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
 
 MAX_LOGGED = 200  # characters of a caller's text in a log line
 MAX_SHOWN = 40  # characters of a caller's value repeated in an answer
+# Digits in a row in a JSON number. Kubernetes writes int64s and float64s (at most about 25);
+# Python turns a decimal integer into an int in time that grows as the square of its digits.
+MAX_DIGITS = 100
 
 # A JSON string (escapes included) or, unterminated, the rest of the body: every quote
 # starts a match that succeeds, so the scan is linear whatever the bytes.
@@ -36,6 +43,9 @@ _STRING_RE = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
 _BRACKETS = b"[]{}"
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
 _PARENS = bytes.maketrans(_BRACKETS, b"()()")  # the shape of the nesting, kind aside
+_NOT_FLOW_BRACKETS_RE = re.compile(r"[^\[\]{}]+")
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_NUMBER = b"0" * (MAX_DIGITS + 1)
 
 
 class Unreadable(ValueError):
@@ -55,6 +65,8 @@ def load_json(raw: bytes, *, max_depth: int, max_values: int) -> Any:
     opened = skeleton.count(b"[") + skeleton.count(b"{")
     if opened + skeleton.count(b",") + 1 > max_values:
         raise Unreadable(f"has more than {max_values} values")
+    if _LONG_NUMBER in skeleton.translate(_DIGITS_AS_ZERO):
+        raise Unreadable(f"has a number of more than {MAX_DIGITS} digits")
     if _deeper(skeleton.translate(_PARENS, _NOT_BRACKETS), max_depth):
         raise Unreadable(f"nested deeper than {max_depth}")
     try:
@@ -79,6 +91,22 @@ def _deeper(shape: bytes, depth: int) -> bool:
             return False  # empty, or brackets that never pair: not JSON
         shape = shorter
     return b"()" in shape
+
+
+def _flow_deeper(text: str, depth: int) -> bool:
+    """Whether the flow brackets of ``text`` (``[ ] { }``) nest deeper than ``depth``,
+    counted on the raw text before PyYAML sees it: its scanner keeps a possible key for
+    each open bracket and walks all of them at every token, so a deep run costs the square
+    of its length before the composer could count a level. Every bracket counts, quoted or
+    in a comment too (a conservative refusal: no value within ``depth`` holds more), and a
+    close with nothing open lowers nothing: the scanner counts it below zero, and the opens
+    after it pile up their keys all the same (``]`` then ``[[[`` is three deep)."""
+    level = 0
+    for bracket in _NOT_FLOW_BRACKETS_RE.sub("", text):
+        level = level + 1 if bracket in "[{" else max(level - 1, 0)
+        if level > depth:
+            return True
+    return False
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -115,6 +143,8 @@ def load_yaml(text: str, *, max_depth: int, max_nodes: int) -> Any:
     """The one YAML (or JSON) document of ``text``: no anchors, aliases or tags,
     collections nested at most ``max_depth`` deep, at most ``max_nodes`` nodes; plain
     values are read as YAML 1.1 reads them (``7e9`` a string, ``1.5`` a float)."""
+    if _flow_deeper(text, max_depth):
+        raise Unreadable(f"is nested deeper than {max_depth}")
     loader: _BoundedLoader | None = None
     try:
         loader = _BoundedLoader(text, max_depth=max_depth, max_nodes=max_nodes)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from agent.core.lease import ENDED_REQUEST_ID_HINT
+from agent.kube.bounded import printable
 from agent.kube.cache import AgentCache
 
 log = logging.getLogger(__name__)
@@ -47,21 +48,27 @@ async def unbroken(work: Coroutine[Any, Any, T]) -> T:
 
 @contextlib.contextmanager
 def link_closed_fails(node: str) -> Iterator[None]:
-    """A call whose agent link closed under it raises ``CancelledError`` in grpc.aio:
-    unless this task is the one being cancelled, it is a failed call (UNAVAILABLE)."""
+    """A call whose agent link closed under it raises ``CancelledError`` in grpc.aio
+    (``UsageError`` when it closed before the call): unless this task is the one being
+    cancelled, it is a failed call (UNAVAILABLE). The cache closes a link when its agent
+    moves (a new address) or refuses its token."""
     try:
         yield
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
-        raise grpc.aio.AioRpcError(
-            grpc.StatusCode.UNAVAILABLE,
-            grpc.aio.Metadata(),
-            grpc.aio.Metadata(),
-            f"the connection to the agent on {node} closed during the call",
-            None,
+        raise _unavailable(
+            f"the connection to the agent on {node} closed during the call"
         ) from None
+    except grpc.aio.UsageError as exc:
+        raise _unavailable(f"the connection to the agent on {node} is closed: {exc}") from None
+
+
+def _unavailable(details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None
+    )
 
 
 async def agent_call(node: str, call: Awaitable[T]) -> T:
@@ -75,15 +82,23 @@ async def agent_call(node: str, call: Awaitable[T]) -> T:
 
 async def give_back(
     cache: AgentCache, node: str, lease_id: str, undo: Callable[[], Awaitable[Any]]
-) -> None:
-    """Give a lease back (``undo``: its Release, or its gang's Abort); one that the agent
-    does not take back is logged: the controller's reconcile ends it."""
+) -> bool:
+    """Give a lease back (``undo``: its Release); whether it is not live any more. One
+    that ended before (FAILED_PRECONDITION, NOT_FOUND) counts as given back; one that the
+    agent does not take back is logged and still live for all this side knows: the
+    controller's reconcile ends it."""
     cache.drop_pending(node, lease_id)
     try:
         with link_closed_fails(node):
             await undo()
     except grpc.aio.AioRpcError as exc:
-        log.warning("lease %s on %s not given back: %s", lease_id, node, exc.details())
+        if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+            return True
+        log.warning(
+            "lease %s on %s not given back: %s", lease_id, node, printable(exc.details() or "")
+        )
+        return False
+    return True
 
 
 def refused_by(node: str, exc: grpc.aio.AioRpcError) -> str:

@@ -3,13 +3,15 @@
 Each member's bind reserves on its node; the last one to be reserved commits the gang:
 the members go in their nodes' lines (oldest lease first) right after the pod admitted
 last there, and once that pod is allocated the gang is committed on every node. A gang
-not complete within its TTL is aborted. If the commit fails on one node after it
-succeeded on another, the members committed there are released (an abort ends only
-reservations): none of the gang keeps a lease its retry would bind alone.
+not complete within its TTL is aborted. If the commit fails on one node (refused, or its
+answer lost) after it was sent to others, the members of every node it was sent to are
+released (an abort ends only reservations): none of the gang keeps a lease its retry
+would bind alone.
 
 A gang settled (committed, or failed) is not joined again: a new member starts a new gang
-of the same name. The members of a committed gang are remembered, so that one bound again
-(its Binding failed) is known as such.
+of the same name. A member bound again (its Binding failed) is known as such from the
+members committed here (remembered), or from the agents' leases of the gang (after a
+restart of this process): it is committed alone, in its turn.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from functools import partial
 import grpc
 
 from agent.api.proto import agent_pb2 as pb
+from agent.core.lease import LeaseState
 from agent.kube.agents import AgentLink
+from agent.kube.bounded import printable
 from agent.kube.cache import AgentCache
-from agent.kube.calls import BindError, agent_call, give_back, link_closed_fails
+from agent.kube.calls import BindError, agent_call, give_back, link_closed_fails, unbroken
 from agent.kube.line import Lines, Turn
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,18 @@ class Gangs:
         """The gang the pod was committed with ("" for none known)."""
         return self._committed.get(uid, "")
 
+    def running(self, key: str, pod: str) -> bool:
+        """Whether members of gang ``key`` other than ``pod`` hold committed leases on the
+        agents (as their last answers show): the gang was committed, by this process or
+        one before it, and ``pod`` is a member bound again (its lease given back after a
+        failed Binding, or a replacement of a member that ended)."""
+        for node in list(self._cache.nodes):
+            for lease in self._cache.live_leases(node):
+                committed = lease.state in (LeaseState.ADMITTED, LeaseState.READY)
+                if lease.gang_id == key and committed and lease.pod != pod:
+                    return True
+        return False
+
     def join(self, key: str, size: int, uid: str, node: str, lease: pb.Lease) -> Gang:
         """The member's gang, with it: the one being formed, or a new one."""
         gang = self._gangs.get(key)
@@ -99,38 +115,68 @@ class Gangs:
 
     async def commit(self, gang: Gang) -> None:
         """Put the members in their nodes' lines (in lease age order) right after the pod
-        admitted last there, wait until that pod is allocated, then commit on every node.
+        admitted last there, wait until that pod is allocated on every node, start the
+        gang's turns there (nothing goes ahead of them from then on), then commit on every
+        node.
 
         The members were reserved before that pod was admitted, so once committed they
         are older than its lease: the agent hands the next Allocate the oldest admitted
         lease not yet allocated, and that pod's Allocate would get a member's lease. The
         pods still waiting in the line are not admitted yet: they go after the members.
-        If the commit fails, the members leave the lines at once, and those committed
-        where it had succeeded are released."""
+
+        The commits are sent as one unit that a stop of ``kube serve`` does not cut. If
+        one fails (refused, or its answer lost: it may have landed), or admits on a node
+        fewer members than were reserved there, the gang fails: its reservations are
+        aborted, the members of every node a commit was sent to are released, and they
+        leave the lines."""
         by_node: dict[str, list[pb.Lease]] = {}
         for node, lease in sorted(gang.members.values(), key=lambda m: m[1].created_at):
             by_node.setdefault(node, []).append(lease)
         for node, leases in by_node.items():
             turns = self._lines.new_turns(node, len(leases), gang=True)
             gang.turns.update(zip((x.lease_id for x in leases), turns, strict=True))
-        committed: list[str] = []
+        firsts = {node: gang.turns[leases[0].lease_id] for node, leases in by_node.items()}
         try:
-            for node, leases in sorted(by_node.items()):
-                await self._lines.wait(node, gang.turns[leases[0].lease_id])
-            for node in sorted(by_node):  # a commit that fails is FAILED_PRECONDITION
-                await agent_call(node, self._link(node).commit(gang.key))
-                committed.append(node)
-            self._remember(gang)
-        except BindError as exc:
-            gang.failed = str(exc)
-            await self.abort(gang)
-            await self._release({node: by_node[node] for node in committed})
+            await self._wait_all(firsts)
+            for node, first in firsts.items():  # from here nothing goes ahead of the gang
+                self._lines.line(node).start(first)
+            await unbroken(self._commit_everywhere(gang, by_node))
+        except BaseException as exc:
+            if not gang.failed:  # cancelled while it waited: nothing was committed
+                gang.failed = f"gang {gang.key}: not committed: {type(exc).__name__}"
+                await unbroken(self.abort(gang))
+            raise
         finally:
             if gang.failed:
                 for node, leases in by_node.items():
                     for lease in leases:
                         self._lines.end(node, gang.turns[lease.lease_id], "")
             gang.done.set()
+
+    async def _wait_all(self, firsts: dict[str, Turn]) -> None:
+        """Until the gang's first turn on every node has waited its turn, all at once: a
+        pod that took a place ahead of one of them meanwhile (a retry in the place of its
+        kept turn) is waited for too, before any is started."""
+        while True:
+            for node in sorted(firsts):
+                await self._lines.wait(node, firsts[node])
+            if not any(first.moved.is_set() for first in firsts.values()):
+                return
+
+    async def _commit_everywhere(self, gang: Gang, by_node: dict[str, list[pb.Lease]]) -> None:
+        sent: list[str] = []  # nodes whose commit may have landed
+        try:
+            for node in sorted(by_node):  # a commit that fails is FAILED_PRECONDITION
+                sent.append(node)
+                answer = await agent_call(node, self._link(node).commit(gang.key))
+                _check_whole(gang.key, node, by_node[node], answer)
+            self._remember(gang)
+        except Exception as exc:  # refused, unanswered, or a fault of this side: all undone
+            gang.failed = str(exc) if isinstance(exc, BindError) else f"gang {gang.key}: {exc!r}"
+            await self.abort(gang)
+            await self._release({node: by_node[node] for node in sent})
+            if not isinstance(exc, BindError):
+                raise
 
     def _remember(self, gang: Gang) -> None:
         for uid in gang.members:
@@ -139,7 +185,8 @@ class Gangs:
             del self._committed[next(iter(self._committed))]
 
     async def _release(self, by_node: dict[str, list[pb.Lease]]) -> None:
-        """A gang's leases committed on these nodes before its commit failed elsewhere."""
+        """A failed gang's leases on the nodes its commit was sent to (committed there, or
+        perhaps: the answer was lost)."""
         for node, leases in by_node.items():
             link = self._cache.link(node)
             for lease in leases:
@@ -160,7 +207,11 @@ class Gangs:
                     await link.abort(gang.key)
             except grpc.aio.AioRpcError as exc:
                 log.warning(
-                    "gang %s: abort on %s failed (its TTL ends it): %s", gang.key, node, exc
+                    "gang %s: abort on %s failed (its TTL ends it): %s %s",
+                    gang.key,
+                    node,
+                    exc.code().name,
+                    printable(exc.details() or ""),
                 )
 
     def _link(self, node: str) -> AgentLink:
@@ -168,3 +219,16 @@ class Gangs:
         if link is None:
             raise BindError(f"{node}: {self._cache.why_unknown(node)}")
         return link
+
+
+def _check_whole(key: str, node: str, members: list[pb.Lease], answer: pb.GangResponse) -> None:
+    """The commit on ``node`` admitted every member reserved there: the agent commits
+    what is reserved at that moment, and a member whose reservation ended before (its
+    round started anew) would be missing from the gang."""
+    admitted = {x.lease_id for x in answer.leases if x.state in ("admitted", "ready")}
+    missing = sorted(x.lease_id for x in members if x.lease_id not in admitted)
+    if missing:
+        raise BindError(
+            f"gang {key}: the commit on {node} did not admit {', '.join(missing)}: its "
+            "reservation ended first"
+        )

@@ -49,6 +49,9 @@ class Turn:
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     lease_id: str = ""
     ended_at: float = 0.0
+    # the turn after it stopped waiting for it (its bind overran the hold): a lease it is
+    # granted now would wait for its Allocate beside that turn's
+    overtaken: bool = False
 
 
 @dataclass(eq=False)
@@ -206,6 +209,7 @@ class Lines:
             return
         if not previous.ended.is_set():
             log.warning("the bind before this one on %s did not end within %.0f s", node, hold_s)
+            previous.overtaken = True
             return
         if not previous.lease_id:
             return

@@ -11,9 +11,11 @@ Each rule that a pod breaks is a :class:`Refusal` with the field and the reason,
   ``SYS_PTRACE``, ``NET_ADMIN``, ``ALL``, ...); the node's namespaces (``hostPID``,
   ``hostIPC``, whose ``/dev/shm`` holds MPS's shared memory, ``hostNetwork``); a container
   that sets ``CUDA_MPS_*``, ``GPUSHARE_*``, ``NVIDIA_*`` or ``CUDA_VISIBLE_DEVICES`` itself
-  (``env``, or an ``envFrom`` prefix that reaches them: the keys of a ConfigMap or Secret
-  without a prefix cannot be seen here), which would choose its own devices or MPS server
-  over the lease's; a ``hostPath`` volume of the agent's host directories (or of a
+  (``env``, or an ``envFrom`` prefix that reaches them), which would choose its own devices
+  or MPS server over the lease's (the kubelet puts the device plugin's variables first and
+  the container's own after them, so the container's win); an ``envFrom`` without a
+  prefix, since the keys of its ConfigMap or Secret cannot be seen here and any of them
+  could be one of those; a ``hostPath`` volume of the agent's host directories (or of a
   directory above them, which holds them too), or a pod that sets ``spec.nodeName`` itself
   (it would bypass the scheduler and its lease).
 
@@ -60,6 +62,11 @@ RESERVED_ENV: tuple[tuple[str, bool, str], ...] = (
     ("CUDA_VISIBLE_DEVICES", False, "it chooses the GPUs CUDA uses; the lease's device is "
      "the container's one GPU"),
 )  # fmt: skip
+_UNPREFIXED = (
+    "a pod with a GPU share may not load a ConfigMap's or Secret's keys without a prefix: "
+    "the webhook cannot read them, and a key such as NVIDIA_VISIBLE_DEVICES or CUDA_MPS_* "
+    "would override the lease's; give it a prefix such as APP_"
+)
 # Pod Security Standards, baseline profile: the only capabilities a container may add
 BASELINE_CAPABILITIES = frozenset({
     "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
@@ -193,7 +200,9 @@ def _check_env(where: str, container: Mapping[str, Any]) -> None:
             raise Refusal(403, f"{where}.env[{index}].name", f"{shown(name)}: {why}")
     for index, source in enumerate(sequence(container.get("envFrom"))):
         prefix = text_of(mapping(source).get("prefix"))
-        why = next(_reserved(prefix.upper(), by_prefix=True), None) if prefix else None
+        if not prefix:
+            raise Refusal(403, f"{where}.envFrom[{index}].prefix", _UNPREFIXED)
+        why = next(_reserved(prefix.upper(), by_prefix=True), None)
         if why is not None:
             reason = f"{shown(prefix)} can name variables a share pod may not set: {why}"
             raise Refusal(403, f"{where}.envFrom[{index}].prefix", reason)

@@ -4,11 +4,13 @@ agent's :class:`~agent.admission.sizing.SizingSpec`. Pure: no I/O.
 It holds ``parameters`` and ``mode`` (and, for inference, ``dtype``, ``layers``,
 ``kv_heads``, ``head_dim``, ``context_length``, ``concurrent_sequences``), the agent's Sizing
 message. It is read by :func:`agent.kube.bounded.load_yaml`: no anchors, aliases or tags,
-nested at most :data:`SIZING_MAX_DEPTH` deep, at most :data:`SIZING_MAX_NODES` values, all
-counted before anything is built; its counts are whole numbers within the message's
-integer widths, in ASCII digits (YAML 1.1 reads ``7e9`` as a string: such a string is read
-as the number it spells). Every refusal is a :class:`SizingError` whose text says what is
-wrong, a value it repeats cut (:func:`agent.kube.bounded.shown`).
+nested at most :data:`SIZING_MAX_DEPTH` deep (its brackets counted on the raw text, quoted
+ones too), at most :data:`SIZING_MAX_NODES` values, all counted before anything is built,
+so any value of at most 1024 characters is read within a few ms; its counts are whole
+numbers within the message's integer widths, in ASCII digits (YAML 1.1 reads ``7e9`` as a
+string: such a string is read as the number it spells). Every refusal is a
+:class:`SizingError` whose text says what is wrong, a value it repeats cut
+(:func:`agent.kube.bounded.shown`).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ debug``) is an UPDATE too, and its added containers are judged. Other subresourc
 A review is a pod's when its ``request.kind`` is ``Pod``, its ``request.resource`` is
 ``pods`` or its object says ``kind: Pod``: the API server always sends ``kind``, and a
 review without one is not read. A body that is not an AdmissionReview is answered HTTP 400
-and one log line: over 8 MiB (413), not UTF-8 JSON, nested deeper than 64 or of more than
-250,000 values (:func:`agent.kube.bounded.load_json`, before it is built), not an object,
+and one log line: over 4 MiB (413), not UTF-8 JSON, nested deeper than 64, of more than
+100,000 values or with a number of more than 100 digits
+(:func:`agent.kube.bounded.load_json`, before it is built), not an object,
 or with a request that lacks what the API server always sends. Values that reach the log
 are escaped (:func:`agent.kube.bounded.printable`) and those in a refusal cut
 (:func:`agent.kube.annotations.shown`).
@@ -43,9 +44,11 @@ from agent.kube.podrules import Refusal, check_ephemeral, check_new_pod, check_u
 log = logging.getLogger(__name__)
 
 API_VERSION = "admission.k8s.io/v1"
-MAX_REVIEW_BYTES = 8 * 2**20  # a pod and its old copy fit well within
+# a pod and its old copy (each at most 1.5 MiB, etcd's largest object) fit within; the
+# costliest review within these limits takes under 100 ms of CPU and 50 MiB to read
+MAX_REVIEW_BYTES = 4 * 2**20
 MAX_REVIEW_DEPTH = 64  # a pod's deepest field (affinity terms, managedFields) is about 15
-MAX_REVIEW_VALUES = 250_000
+MAX_REVIEW_VALUES = 100_000
 MAX_UID = 128  # the API server's are UUIDs (36 characters)
 _REASONS = {400: "BadRequest", 403: "Forbidden"}
 

@@ -8,13 +8,15 @@ flight are ``busy``: a transition waits for that write before it decides, and a
 preemption never picks them. Per-device tallies are kept incrementally. Ended leases and
 request ids are remembered in bounded maps; older ones are read from the store.
 
-A gang's members are committed all or none. A gang lives while it has live members; the
-moment a reserved member ends (its TTL passed, it was released), in the same step that
-applies that end, the gang is marked uncommittable for the rest of that life, naming the
-member, so a commit decided after that step commits none of it, whoever ended the member
-and however the calls interleave. Once no member is live, the gang's id may start a new
-life. Its last outcome (``expired``, ``broken``, ``aborted``, ``committed``) is kept in a
-bounded map to answer a commit or abort asked again.
+A gang's reserved members are committed all or none. A gang's round of reservations lasts
+while it holds reserved members; the moment one of them ends otherwise than by the gang's
+commit or abort (its TTL passed, it was released), in the same step that applies that end,
+the round is marked uncommittable, naming the member, so a commit decided after that step
+commits none of it, whoever ended the member and however the calls interleave. Once no
+member is reserved (committed, aborted, expired), the gang's id may start a new round:
+members committed before do not hold it open. Its last outcome (``expired``, ``broken``,
+``aborted``, ``committed``) is kept in a bounded map to answer a commit or abort asked
+again.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ class Ledger:
         self._ended_requests: OrderedDict[RequestKey, RequestRecord] = OrderedDict()
         self.requests_complete = True  # every known request id is in memory
         self.gangs: OrderedDict[str, GangEnd] = OrderedDict()
-        self._gang_live: Counter[str] = Counter()  # live members per gang
-        self._broken: dict[str, GangEnd] = {}  # live gangs that lost a reserved member
+        self._gang_reserved: Counter[str] = Counter()  # reserved members per gang
+        self._broken: dict[str, GangEnd] = {}  # rounds that lost a reserved member
         self.live: Mapping[str, Lease] = MappingProxyType(self._live)
 
     # -- reading ---------------------------------------------------------------------------
@@ -180,25 +182,25 @@ class Ledger:
             self.gangs.popitem(last=False)
 
     def uncommittable(self, gang_id: str) -> GangEnd | None:
-        """Why the live members of this gang may not be committed (a member ended while
-        reserved in this life of the gang); None if nothing stands in the way."""
+        """Why the reserved members of this gang may not be committed (one of their round
+        ended while reserved); None if nothing stands in the way."""
         return self._broken.get(gang_id)
 
     def restore_broken(self, gang_id: str, end: GangEnd) -> None:
-        """At start: the store shows that this live gang lost a reserved member."""
-        if self._gang_live[gang_id]:
+        """At start: the store shows that this gang's round lost a reserved member."""
+        if self._gang_reserved[gang_id]:
             self._broken.setdefault(gang_id, end)
 
     def _member_lost(self, gang_id: str, lease: Lease) -> None:
-        """A reserved member ended: the first one of the gang's life says why the others
-        cannot commit. An abort, which ends them all, records its own outcome once its
-        write is durable."""
+        """A reserved member ended: the first one of the round says why the others cannot
+        commit. An abort ends them all (the round is over, nothing is left to refuse) and
+        records its own outcome once its write is durable."""
         end = self._broken.get(gang_id)
         if end is None:
             outcome = "expired" if lease.state is LeaseState.EXPIRED else "broken"
             detail = f"member {lease.lease_id} {lease.state.value}"
             end = GangEnd(outcome, f"{detail}: {lease.reason}" if lease.reason else detail)
-        if self._gang_live[gang_id]:
+        if self._gang_reserved[gang_id]:
             self._broken[gang_id] = end
         self.remember_gang(gang_id, end.outcome, end.member)
 
@@ -211,8 +213,8 @@ class Ledger:
         self._tally[uuid] = self.tally(uuid).plus(lease)
         self._domains.setdefault(uuid, Counter())[lease.trust_domain] += 1
         self._tuples.pop(uuid, None)
-        if lease.gang_id:
-            self._gang_live[lease.gang_id] += 1
+        if lease.gang_id and lease.state is LeaseState.RESERVED:
+            self._gang_reserved[lease.gang_id] += 1
 
     def _remove(self, lease: Lease) -> None:
         uuid = lease.device_uuid
@@ -224,10 +226,10 @@ class Ledger:
         if domains[lease.trust_domain] <= 0:
             del domains[lease.trust_domain]
         self._tuples.pop(uuid, None)
-        if lease.gang_id:
-            self._gang_live[lease.gang_id] -= 1
-            if self._gang_live[lease.gang_id] <= 0:  # the gang's life is over
-                del self._gang_live[lease.gang_id]
+        if lease.gang_id and lease.state is LeaseState.RESERVED:
+            self._gang_reserved[lease.gang_id] -= 1
+            if self._gang_reserved[lease.gang_id] <= 0:  # the round is over
+                del self._gang_reserved[lease.gang_id]
                 self._broken.pop(lease.gang_id, None)
 
     def _end(self, lease: Lease) -> None:
@@ -252,17 +254,17 @@ class Ledger:
             ended.popitem(last=False)
 
 
-def lost_in_this_life(
-    gang_id: str, stored: Iterable[Lease], live: Sequence[Lease]
+def lost_in_this_round(
+    gang_id: str, stored: Iterable[Lease], reserved: Sequence[Lease]
 ) -> GangEnd | None:
-    """After a restart: did the gang lose a reserved member in the life its ``live``
-    members belong to? From its members as stored: one that ended by its first change
-    (reserved, then expired or released, but not by the gang's abort) no earlier than the
-    oldest live member was made. Times that tie count it lost: a commit refused is safe, a
-    gang committed in part is not."""
-    if not live:
+    """After a restart: did the gang's round that its ``reserved`` members belong to lose
+    one? From its members as stored: one that ended by its first change (reserved, then
+    expired or released, but not by the gang's abort) no earlier than the oldest reserved
+    member was made. Times that tie count it lost: a commit refused is safe, a gang
+    committed in part is not."""
+    if not reserved:
         return None
-    began_at = min(x.created_at for x in live)
+    began_at = min(x.created_at for x in reserved)
     aborted = f"gang {gang_id} aborted"
     for lease in sorted(stored, key=lambda x: x.updated_at):
         lost = lease.version == 2 and lease.state in (LeaseState.EXPIRED, LeaseState.RELEASED)

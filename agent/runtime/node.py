@@ -35,7 +35,7 @@ from agent.runtime.admitting import AdmissionOptions, Admissions, ReadinessPredi
 from agent.runtime.availability import Availability
 from agent.runtime.events import EventLog
 from agent.runtime.journal import Journal
-from agent.runtime.ledger import REQUESTS_KEPT, Ledger, lost_in_this_life
+from agent.runtime.ledger import REQUESTS_KEPT, Ledger, lost_in_this_round
 from agent.runtime.section import LedgerLock
 from agent.runtime.transitions import Notes, Transitions
 from agent.state.port import Retention, StateStore
@@ -110,7 +110,7 @@ class NodeService:
             self.ledger.remember_request(record)
         # Ids of ended leases beyond what memory holds are asked of the store.
         self.ledger.requests_complete = len(recent) <= REQUESTS_KEPT
-        await self._restore_gang_lives()
+        await self._restore_gang_rounds()
         await self.availability.load()
         await self.fail_leases_of_gone_devices()
         expired = await self.expire_reservations()
@@ -118,16 +118,16 @@ class NodeService:
             "ledger: %d live lease(s) restored, %d reservation(s) expired", len(live), len(expired)
         )
 
-    async def _restore_gang_lives(self) -> None:
-        """A live gang that lost a reserved member before the restart stays uncommittable."""
-        gangs = {
-            x.gang_id
-            for x in self.ledger.live.values()
-            if x.gang_id and x.state is LeaseState.RESERVED
-        }
-        for gang_id in sorted(gangs):
+    async def _restore_gang_rounds(self) -> None:
+        """A gang whose round of reservations lost a member before the restart stays
+        uncommittable until the round is over."""
+        reserved: dict[str, list[Lease]] = {}
+        for lease in self.ledger.live.values():
+            if lease.gang_id and lease.state is LeaseState.RESERVED:
+                reserved.setdefault(lease.gang_id, []).append(lease)
+        for gang_id, members in sorted(reserved.items()):
             stored = await self._store.gang_leases(gang_id)
-            lost = lost_in_this_life(gang_id, stored, self.ledger.gang(gang_id))
+            lost = lost_in_this_round(gang_id, stored, members)
             if lost is not None:
                 self.ledger.restore_broken(gang_id, lost)
 

@@ -177,9 +177,10 @@ class Transitions:
     async def commit(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
         """All reserved members become admitted in one write, or none: one decision under
         the lock, from the ledger as it is once no member's write is in flight. A member
-        that ended while reserved in this life of the gang (expired by the reaper
+        that ended while reserved in this round of the gang (expired by the reaper
         meanwhile, released) or whose TTL has passed makes the commit expire the others and
-        answer which."""
+        answer which. With no member reserved, a gang committed before answers its
+        members."""
         await self._check_gang_owner(gang_id, owner)
         refused: list[GangEnd] = []
 

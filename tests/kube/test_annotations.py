@@ -141,12 +141,12 @@ M, S, T, P = (
 G, GS, R = "gpushare.io/gang", "gpushare.io/gang-size", "gpushare.io/share"
 # YAML whose every level is nine aliases of the level below: 252 characters expand to
 # 9**7 leaves (printing it cost seconds and hundreds of MiB)
-BOMB = (
-    "{mode: training, parameters: [&a [x,x,x,x,x,x,x,x,x], "
+BOMB = (  # two deep, so that the aliases are what is refused; a third level is the depth's
+    "[&a [x,x,x,x,x,x,x,x,x], "
     + ", ".join(
         f"&{n} [" + ",".join([f"*{b}"] * 9) + "]" for b, n in zip("abcdef", "bcdefg", strict=True)
     )
-    + "]}"
+    + "]"
 )
 
 BAD: list[tuple[str, dict[str, Any], str, str]] = [
@@ -259,6 +259,9 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("sizing alias", pod(asks(memory=None, sizing="{mode: &m training, parameters: 7e9, "
                                                   "dtype: *m}")), S, "anchors"),
     ("sizing alias bomb", pod(asks(memory=None, sizing=BOMB)), S, "aliases"),
+    ("sizing alias bomb in an object", pod(asks(memory=None, sizing="{mode: training, "
+                                                                   f"parameters: {BOMB}}}")), S,
+     "nested deeper than"),
     ("sizing anchor alone", pod(asks(memory=None, sizing="{mode: &m training, "
                                                          "parameters: 7e9}")), S, "anchors"),
     ("sizing nested 500 deep", pod(asks(memory=None, sizing="[" * 500 + "]" * 500)), S,
@@ -320,7 +323,8 @@ def test_quantities(text: str, expected: int) -> None:
     "text",
     ["", "Gi", "1Gi5", "1gi", "1 Gi", "1m", "-1", "1e", "--1", "1iB", "2e1Ki",
      "\u0662\u0660Gi", "\uff12\uff15", "\u0968Mi", "1e\u0663", "\uff11GiB", "1\u00a0GiB",
-     "\u20038Gi", "8Gi\u3000", "\u00b2", "1_000", "0x10", "1" * 65, " " * 60 + "1Gi" + " " * 60],
+     "\u20038Gi", "8Gi\u3000", "\u00b2", "1_000", "0x10", "1" * 65, " " * 60 + "1Gi" + " " * 60,
+     "20Gi\n", "20GiB\n", "100b\n", "20GiB\r\n"],
 )  # fmt: skip
 def test_not_quantities(text: str) -> None:
     with pytest.raises(UnitError) as caught:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from agent.kubelet.port import LEASE_ANNOTATION
 from agent.runtime.app import App, Ports
 from tests.certs import make_token
 from tests.helpers import fake_ports, running_app, short_dir, sim_settings
-from tests.kube.apiserver import FakeApiServer, Obj
+from tests.kube.apiserver import FakeApiServer, Fault, Obj
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -132,7 +133,7 @@ async def world(
     """Agents for ``nodes``, the stand-in API server, and the extender over HTTP, its binder
     reading pods from an informer that is always current (the stand-in's store)."""
     make_token(root / "agent-token", AGENT_TOKEN)
-    bind = {"hold_s": 0.5, "gang_ttl_s": 5.0, "resolve_s": 1.0, **options}
+    bind = {"hold_s": 0.5, "gang_ttl_s": 5.0, "resolve_s": 3.0, **options}
     async with FakeApiServer(token=API_TOKEN) as server, contextlib.AsyncExitStack() as stack:
         apps = {}
         for node in nodes:
@@ -181,30 +182,35 @@ class Row:
     hang: bool = False
     unreadable: bool = False  # the pod cannot be read back afterwards (503)
     read_hangs: bool = False  # ... nor answers at all
+    every_time: bool = False  # the Binding is answered so however often it is sent
     bound: bool = False  # the pod ends bound to the node with its lease
     kept: bool = False  # the lease is live at the agent
     answer: str = ""  # in the extender's Error ("" for none)
 
 
+# A Binding whose answer is not sure is sent again (the fault answers once): the pod ends
+# bound with its lease whether or not the first landed; a 409 (a Binding of the pod
+# landed) or answers that stay unsure make the binder read the pod back.
 TABLE = {
     "201": Row(bound=True, kept=True),
     "409, bound before with this lease": Row(409, landed=True, bound=True, kept=True),
     "409, not bound": Row(409, answer="409 Conflict"),
     "410": Row(410, answer="410 Expired"),
     "5xx, landed": Row(500, landed=True, bound=True, kept=True),
-    "5xx, not landed": Row(503, answer="503 ServiceUnavailable"),
+    "5xx, not landed": Row(503, bound=True, kept=True),
     "timeout, landed": Row(0, landed=True, hang=True, bound=True, kept=True),
-    "timeout, not landed": Row(0, hang=True, answer="Unreachable"),
-    "reset before the write": Row(0, answer="Unreachable"),
+    "timeout, not landed": Row(0, hang=True, bound=True, kept=True),
+    "reset before the write": Row(0, bound=True, kept=True),
     "reset after the write": Row(0, landed=True, bound=True, kept=True),
     "5xx, landed, unreadable": Row(
         500, landed=True, unreadable=True, bound=True, kept=True, answer="kept"
     ),
-    "5xx, not landed, unreadable": Row(500, unreadable=True, kept=True, answer="kept"),
-    "timeout, not landed, unreadable": Row(0, hang=True, unreadable=True, kept=True, answer="kept"),
+    "5xx, not landed, unreadable": Row(500, unreadable=True, bound=True, kept=True),
+    "timeout, not landed, unreadable": Row(0, hang=True, unreadable=True, bound=True, kept=True),
     "5xx, landed, read back hangs": Row(
         500, landed=True, read_hangs=True, bound=True, kept=True, answer="kept"
     ),
+    "5xx every time, not landed": Row(500, every_time=True, kept=True, answer="kept"),
 }
 
 
@@ -214,7 +220,12 @@ async def test_each_answer_to_a_binding_and_what_the_binder_does(root: Path, row
         w.create("p")
         if row.status != 201:
             w.server.fail_next(
-                "POST", BINDING.format(name="p"), row.status, landed=row.landed, hang=row.hang
+                "POST",
+                BINDING.format(name="p"),
+                row.status,
+                landed=row.landed,
+                hang=row.hang,
+                times=1000 if row.every_time else 1,
             )
         if row.unreadable or row.read_hangs:
             w.server.fail_next("GET", POD.format(name="p"), 503, times=1000, hang=row.read_hangs)
@@ -242,7 +253,7 @@ async def test_a_lease_kept_while_the_outcome_was_unknown_is_bound_by_the_pods_n
     (the same request id) and binds with it."""
     async with world(root) as w:
         w.create("p")
-        w.server.fail_next("POST", BINDING.format(name="p"), 500)
+        w.server.fail_next("POST", BINDING.format(name="p"), 500, times=1000)
         w.server.fail_next("GET", POD.format(name="p"), 503, times=1000)
         status, error = await w.bind("p", "n1")
         assert status == 200 and "kept" in error
@@ -260,7 +271,7 @@ async def test_a_lease_kept_on_one_node_is_given_back_once_the_pod_is_bound_on_a
 ) -> None:
     async with world(root, nodes=("n1", "n2")) as w:
         w.create("p")
-        w.server.fail_next("POST", BINDING.format(name="p"), 500)
+        w.server.fail_next("POST", BINDING.format(name="p"), 500, times=1000)
         w.server.fail_next("GET", POD.format(name="p"), 503, times=1000)
         assert "kept" in (await w.bind("p", "n1"))[1]
         w.server.faults.clear()
@@ -280,10 +291,10 @@ async def test_a_gang_member_whose_binding_failed_after_the_commit_is_bound_on_i
     async with world(root) as w:
         for name in ("g0", "g1"):
             w.create(name, gang="g", size=2)
-        w.server.fail_next("POST", BINDING.format(name="g0"), 500)  # once, not landed
+        w.server.fail_next("POST", BINDING.format(name="g0"), 422)  # refused: not landed
         first = await asyncio.gather(w.bind("g0", "n1"), w.bind("g1", "n1"))
         assert first[1] == (200, "")
-        assert first[0][0] == 200 and "500" in first[0][1]
+        assert first[0][0] == 200 and "422" in first[0][1]
 
         assert await w.bind("g0", "n1") == (200, "")  # the scheduler's retry
         leases = {x.pod: x for _, x in (await w.leases()).values()}
@@ -303,7 +314,7 @@ async def test_a_gang_member_whose_binding_outcome_was_unknown_binds_its_committ
     async with world(root) as w:
         for name in ("g0", "g1"):
             w.create(name, gang="g", size=2)
-        w.server.fail_next("POST", BINDING.format(name="g0"), 500)
+        w.server.fail_next("POST", BINDING.format(name="g0"), 500, times=1000)
         w.server.fail_next("GET", POD.format(name="g0"), 503, times=1000)
         first = await asyncio.gather(w.bind("g0", "n1"), w.bind("g1", "n1"))
         assert first[1] == (200, "") and "kept" in first[0][1]
@@ -380,7 +391,7 @@ async def test_a_bind_whose_caller_went_away_is_finished_or_undone_by_the_binder
         uid = w.create("p")["metadata"]["uid"]
         held = w.server.hold_next("POST", BINDING.format(name="p"))
         if binding == "refused":
-            w.server.fail_next("POST", BINDING.format(name="p"), 500)
+            w.server.fail_next("POST", BINDING.format(name="p"), 422)
         caller = asyncio.ensure_future(w.binder.bind(NS, "p", uid, "n1"))
         async with asyncio.timeout(10):
             await held.arrived.wait()
@@ -575,3 +586,38 @@ async def test_the_rest_adapter_tells_a_request_never_sent_from_one_unanswered(
             await kube.bind_pod(NS, "p", "", "n1")
         assert not isinstance(caught.value, Unanswered)
         assert (caught.value.status, caught.value.reason) == (0, "Unreachable")
+
+
+async def test_a_binding_that_lands_after_its_client_gave_up_leaves_the_pod_with_its_lease(
+    root: Path,
+) -> None:
+    """The API server applies the first Binding only after its client gave up (and after
+    any read-back could have shown the pod unbound): the binder sent the same Binding
+    again meanwhile, so whichever of the two lands binds the pod with the same lease, and
+    the other is refused. Releasing after a read-back left the pod bound with a lease
+    given back."""
+    async with world(root) as w:
+        w.create("p")
+        late = asyncio.Event()
+        binding = re.compile(r"/pods/p/binding$")
+        landings: list[asyncio.Task[object]] = []
+
+        async def land_later(request: web.Request) -> object:
+            await late.wait()
+            return await w.server._bind(request)  # the write goes through after all
+
+        async def chaos(request: web.Request) -> Fault | None:
+            if request.method == "POST" and binding.search(request.path):
+                await request.read()
+                landings.append(asyncio.create_task(land_later(request)))
+                w.server.chaos = None
+                return Fault("POST", binding, 0, "", "slow", 1, hang=True)
+            return None
+
+        w.server.chaos = chaos
+        assert await w.bind("p", "n1") == (200, "")
+        late.set()
+        await asyncio.gather(*landings, return_exceptions=True)
+        node, lease_id = w.placement("p")
+        assert node == "n1"
+        assert lease_id in {x.lease_id for _, x in await w.leases_of("p")}

@@ -56,7 +56,7 @@ from agent.core.units import GIB
 from agent.kube.agents import AgentLink
 from agent.kube.binder import Binder
 from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.extender import Extender, build_extender_app
+from agent.kube.extender import MAX_ARGS_BYTES, Extender, build_extender_app
 from agent.kube.rest import RestKubeApi
 from agent.kube.webhook import build_webhook_app, tls_context
 from tests.certs import make_pki
@@ -391,14 +391,18 @@ def check_log(served: Servers) -> None:
 
 # -- the extender's malformed bodies -----------------------------------------------------
 
-DEEP = b"[" * 100_000 + b"]" * 100_000
+DEEP = b"[" * 50_000 + b"]" * 50_000  # within the values, past the depth
 EXTENDER_MALFORMED: list[tuple[str, str, bytes | Any, str]] = [
     ("filter: an array", "/filter", [], "must be a JSON object"),
     ("filter: a string", "/filter", "ExtenderArgs", "must be a JSON object"),
     ("filter: a number", "/filter", 7, "must be a JSON object"),
-    ("filter: 100,000 deep", "/filter", DEEP, "nested deeper than 64"),
-    ("filter: objects 100,000 deep", "/filter", b'{"pod":' * 100_000 + b"1" + b"}" * 100_000,
+    ("filter: 50,000 deep", "/filter", DEEP, "nested deeper than 64"),
+    ("filter: objects 50,000 deep", "/filter", b'{"pod":' * 50_000 + b"1" + b"}" * 50_000,
      "nested deeper than 64"),
+    ("filter: 100,001 values", "/filter", b"[" + b"0," * 100_000 + b"0]",
+     "more than 100000 values"),
+    ("filter: a number of 4,300 digits", "/filter", b'{"pod": ' + b"9" * 4300 + b"}",
+     "more than 100 digits"),
     ("filter: not JSON", "/filter", b'{"pod": ', "not JSON"),
     ("filter: not UTF-8", "/filter", b'{"pod": "\xc3\x28"}', "not UTF-8"),
     ("filter: pod a string", "/filter", {"pod": "train-0", "nodenames": [NODE]}, "pod"),
@@ -420,13 +424,13 @@ EXTENDER_MALFORMED: list[tuple[str, str, bytes | Any, str]] = [
     ("filter: an item's metadata a list", "/filter", {"pod": share_pod(), "nodes": {"items": [
         {"metadata": []}]}}, "nodes.items[0]"),
     ("prioritize: an array", "/prioritize", [share_pod()], "must be a JSON object"),
-    ("prioritize: 100,000 deep", "/prioritize", DEEP, "nested deeper than 64"),
+    ("prioritize: 50,000 deep", "/prioritize", DEEP, "nested deeper than 64"),
     ("prioritize: pod a string", "/prioritize", {"pod": "x", "nodenames": [NODE]}, "pod"),
     ("prioritize: nodenames a number", "/prioritize", {"pod": share_pod(), "nodenames": 1e9},
      "nodenames"),
     ("bind: an array", "/bind", [binding()], "must be a JSON object"),
     ("bind: a string", "/bind", "train-0", "must be a JSON object"),
-    ("bind: 100,000 deep", "/bind", DEEP, "nested deeper than 64"),
+    ("bind: 50,000 deep", "/bind", DEEP, "nested deeper than 64"),
     ("bind: no PodUID", "/bind", {k: v for k, v in binding().items() if k != "PodUID"},
      "PodUID"),
     ("bind: PodName a list", "/bind", binding(PodName=["train-0"]), "PodName"),
@@ -457,6 +461,22 @@ def test_malformed_extender_bodies_are_400(
     assert reason in answer.decode(), answer[:300]
     assert len(answer) < 1000, answer[:300]  # says what is wrong, never repeats the body
     check_log(servers)
+
+
+def test_the_extenders_size_limit(servers: Servers) -> None:
+    """A body of MAX_ARGS_BYTES is read (and costs what any request may); one byte more is
+    413, before anything is parsed."""
+    args = json.dumps({"pod": share_pod(), "nodenames": [NODE]}).encode()
+    client = servers.client("/filter")
+    try:
+        largest = args + b" " * (MAX_ARGS_BYTES - len(args))
+        status, answer = post(servers, client, "/filter", largest)
+        assert status == 200, answer[:300]
+        assert json.loads(answer)["nodenames"] == [NODE]
+        status, answer = client.send("POST", "/filter", largest + b" ")
+        assert status == 413, answer[:300]
+    finally:
+        client.close()
 
 
 WELL_FORMED: list[tuple[str, str, Any, Callable[[Any], bool]]] = [

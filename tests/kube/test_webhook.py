@@ -22,7 +22,7 @@ from aiohttp import web
 
 from agent.core.errors import ConfigError
 from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
-from agent.kube.webhook import build_webhook_app, serve_webhook
+from agent.kube.webhook import MAX_REVIEW_BYTES, build_webhook_app, serve_webhook
 from tests.certs import make_pki
 
 NS = "team-a"
@@ -242,6 +242,7 @@ async def test_validate_allows_a_valid_pod_without_a_patch(webhook: Webhook) -> 
                         share=False,
                         securityContext={"privileged": True},
                         env=[{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/tmp/x"}],
+                        envFrom=[{"configMapRef": {"name": "gpu-all"}}],
                         resources={"limits": {"nvidia.com/gpu": "1"}},
                     )
                 ],
@@ -386,8 +387,31 @@ REFUSED: list[tuple[str, Callable[[Pod], object], int, str]] = [
         {"prefix": "CUDA_VIS", "configMapRef": {"name": "c"}}]), 403,
      "spec.containers[0].envFrom[0].prefix: "),
     ("envFrom prefix N", lambda p: first(p).update(envFrom=[
-        {"configMapRef": {"name": "c"}}, {"prefix": "N", "configMapRef": {"name": "c"}}]), 403,
+        {"prefix": "APP_", "configMapRef": {"name": "c"}},
+        {"prefix": "N", "configMapRef": {"name": "c"}}]), 403,
      "spec.containers[0].envFrom[1].prefix: "),
+    # the keys of a ConfigMap or Secret are not in the review: without a prefix, any of
+    # them (NVIDIA_VISIBLE_DEVICES=all, CUDA_MPS_*) would override the device plugin's
+    ("envFrom a ConfigMap without a prefix", lambda p: first(p).update(envFrom=[
+        {"configMapRef": {"name": "gpu-all"}}]), 403,
+     "spec.containers[0].envFrom[0].prefix: a pod with a GPU share may not load a "
+     "ConfigMap's or Secret's keys without a prefix"),
+    ("envFrom a Secret without a prefix", lambda p: first(p).update(envFrom=[
+        {"prefix": "APP_", "configMapRef": {"name": "c"}}, {"secretRef": {"name": "s"}}]), 403,
+     "spec.containers[0].envFrom[1].prefix: "),
+    ("envFrom an empty prefix", lambda p: first(p).update(envFrom=[
+        {"prefix": "", "configMapRef": {"name": "gpu-all"}}]), 403,
+     "spec.containers[0].envFrom[0].prefix: "),
+    ("envFrom a prefix that is not a string", lambda p: first(p).update(envFrom=[
+        {"prefix": None, "configMapRef": {"name": "gpu-all"}}]), 403,
+     "spec.containers[0].envFrom[0].prefix: "),
+    ("envFrom without a prefix in an init container", lambda p: p["spec"].update(
+        initContainers=[container("setup", share=False, envFrom=[
+            {"configMapRef": {"name": "gpu-all"}}])]), 403,
+     "spec.initContainers[0].envFrom[0].prefix: "),
+    ("envFrom without a prefix in a sidecar", lambda p: p["spec"]["containers"].append(
+        container("sidecar", share=False, envFrom=[{"secretRef": {"name": "s"}}])), 403,
+     "spec.containers[1].envFrom[0].prefix: "),
     # Kubernetes quantities are ASCII
     ("Arabic-Indic memory", annotate(**{"gpushare.io/memory": "\u0662\u0660Gi"}), 400,
      "gpushare.io/memory: cannot read"),
@@ -585,6 +609,8 @@ EPHEMERAL_REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("envFrom prefix", debug_container(envFrom=[{"prefix": "GPUSHARE_",
                                                  "configMapRef": {"name": "c"}}]),
      "spec.ephemeralContainers[0].envFrom[0].prefix: "),
+    ("envFrom without a prefix", debug_container(envFrom=[{"configMapRef": {"name": "gpu-all"}}]),
+     "spec.ephemeralContainers[0].envFrom[0].prefix: a pod with a GPU share may not load"),
 ]  # fmt: skip
 
 
@@ -701,18 +727,21 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("update without old", review(gpu_pod(), operation="UPDATE"), "request.oldObject"),
     ("a string", "AdmissionReview", "must be a JSON object"),
     ("a number", 1e308, "must be a JSON object"),
-    ("nested 100,000 deep", b"[" * 100_000 + b"]" * 100_000, "nested deeper than 64"),
-    ("objects nested 100,000 deep", b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+    ("nested 50,000 deep", b"[" * 50_000 + b"]" * 50_000, "nested deeper than 64"),
+    ("objects nested 50,000 deep", b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
      "nested deeper than 64"),
+    ("nested 100,000 deep", b"[" * 100_000 + b"]" * 100_000, "more than 100000 values"),
     ("a pod nested deep", json.dumps(review(gpu_pod())).replace(
         '"status": {}', '"status": ' + "[" * 70 + "]" * 70).encode(), "nested deeper than 64"),
-    ("open brackets only", b"[" * 200_000, "nested deeper than 64"),
-    ("a million open brackets", b"[" * 1_000_000, "has more than 250000 values"),
+    ("open brackets only", b"[" * 90_000, "nested deeper than 64"),
+    ("a million open brackets", b"[" * 1_000_000, "has more than 100000 values"),
     ("half a review", json.dumps(review(gpu_pod())).encode()[:-10], "not JSON"),
     ("not UTF-8", b'{"kind": "\xff"}', "not UTF-8"),
     ("UTF-16", json.dumps(review(gpu_pod())).encode("utf-16"), "not UTF-8"),
     ("too many values", b"[" + b"0," * 300_000 + b"0]", "more than"),
-    ("a huge integer", b"[" + b"9" * 5000 + b"]", "not JSON"),
+    ("a huge integer", b"[" + b"9" * 5000 + b"]", "has a number of more than 100 digits"),
+    ("an integer of 4,300 digits in a pod", json.dumps(review(gpu_pod())).replace(
+        '"status": {}', '"status": ' + "9" * 4300).encode(), "more than 100 digits"),
     ("no kind", without("kind"), "request.kind is missing"),
     ("a kind without kind", {**review(gpu_pod()), "request": {
         **review(gpu_pod())["request"], "kind": {"group": "", "version": "v1"}}},
@@ -742,7 +771,7 @@ async def test_malformed_reviews_are_400(
 
 
 async def test_a_body_over_the_limit_is_413(webhook: Webhook) -> None:
-    status, _ = await webhook.post("/validate", b" " * (8 * 2**20 + 1))
+    status, _ = await webhook.post("/validate", b" " * (MAX_REVIEW_BYTES + 1))
     assert status == 413
 
 

@@ -97,19 +97,33 @@ async def test_a_commit_racing_the_reaper_commits_no_part_of_the_gang(ledger: Le
     assert long.lease_id not in node.leases
 
 
-async def test_a_commit_whose_store_read_lets_the_reaper_in_commits_no_part(
-    ledger: Ledger,
-) -> None:
-    """On a fast disk: the reaper runs to the end while the commit reads the gang's
-    history from the store."""
+async def test_a_commit_after_the_reaper_expired_a_member_commits_none(ledger: Ledger) -> None:
+    """The member expired is gone from the ledger; the one left is not overdue: the
+    round's record of its loss is what refuses the commit."""
     node, _store, _events = ledger
     short, long = await gang_with_one_member_due(node)
-    commit = asyncio.create_task(node.commit("g"))
-    reaper = asyncio.create_task(node.transitions.reaper_round(heartbeat=False))
-    await reaper
+    assert [x.lease_id for x in await node.expire_reservations()] == [short.lease_id]
     with pytest.raises(ConflictError, match=short.lease_id):
-        await commit
+        await node.commit("g")
     assert long.lease_id not in node.leases
+
+
+async def test_a_gang_committed_before_is_not_held_by_a_later_round(ledger: Ledger) -> None:
+    """Members committed and running do not keep the gang's round open: a later try whose
+    reservation was aborted leaves the id free, and a commit asked again answers the
+    members committed."""
+    node, _store, _events = ledger
+    first = [(await node.admit(request(f"m{i}", 5), gang_id="g")).lease for i in range(2)]
+    assert {x.lease_id for x in await node.commit("g")} == {x.lease_id for x in first if x}
+    await node.admit(request("later", 5), gang_id="g")
+    await node.abort("g")
+    again = await node.commit("g")
+    assert {x.lease_id for x in again} == {x.lease_id for x in first if x}
+    retry = (await node.admit(request("retry", 5), gang_id="g")).lease
+    assert retry is not None
+    committed = await node.commit("g")
+    assert [x.lease_id for x in committed] == [retry.lease_id]
+    assert node.leases[retry.lease_id].state is LeaseState.ADMITTED
 
 
 async def test_a_cancelled_commit_still_remembers_the_gang_expired(ledger: Ledger) -> None:
@@ -150,7 +164,7 @@ async def test_a_gang_that_lost_a_member_stays_uncommittable_across_a_restart(
         await store.aclose()
 
 
-async def test_a_gang_id_whose_members_all_ended_starts_a_new_life(ledger: Ledger) -> None:
+async def test_a_gang_id_with_no_member_reserved_starts_a_new_round(ledger: Ledger) -> None:
     node, _store, _events = ledger
     now = frozen_clock(node)
     await node.admit(request("m1", 5), gang_id="g", ttl_s=1.0)

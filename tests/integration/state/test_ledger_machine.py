@@ -9,7 +9,7 @@ racing commits. It checks after every step that
   samples the ledger (every loop turn) and the store (as often as it can read) while the
   writes are held, so not even a moment past the limits goes unseen;
 - no gang is committed in part: a commit admits every member reserved at that moment,
-  and never one of a gang that lost a reserved member in the same life;
+  and never one of a round of reservations that lost a member;
 - the ledger equals the store (the same live leases, states and versions), so a restart
   restores exactly what was acknowledged;
 - no lease that ended is ever live again;
@@ -81,10 +81,9 @@ def by_device(leases: Any) -> dict[str, list[Lease]]:
 
 def partly_committed(events: list[Event], gang_of: dict[str, str | None]) -> str:
     """Replay the stream: a commit must admit every member reserved at that moment, and
-    none of a gang that lost a reserved member in its current life (a life lasts while
-    the gang has live members). "" when no gang was committed in part."""
+    none of a round that lost a reserved member otherwise than by the gang's abort (a round
+    lasts while the gang holds reserved members). "" when no gang was committed in part."""
     reserved: dict[str, set[str]] = {}
-    live: dict[str, set[str]] = {}
     lost: dict[str, bool] = {}
     at = 0
     while at < len(events):
@@ -93,11 +92,10 @@ def partly_committed(events: list[Event], gang_of: dict[str, str | None]) -> str
         at += 1
         if not gang or not event.kind.startswith("lease."):
             continue
-        members, alive = reserved.setdefault(gang, set()), live.setdefault(gang, set())
+        members = reserved.setdefault(gang, set())
         state = event.kind.removeprefix("lease.")
         if state == "reserved":
             members.add(event.lease_id or "")
-            alive.add(event.lease_id or "")
         elif state == "admitted" and event.lease_id in members:
             committed = {event.lease_id}
             while at < len(events) and events[at].kind == "lease.admitted":
@@ -110,14 +108,12 @@ def partly_committed(events: list[Event], gang_of: dict[str, str | None]) -> str
             if committed != members:
                 return f"gang {gang}: {sorted(committed)} committed of {sorted(members)}"
             members.clear()
-        elif state in ("expired", "released", "evicted", "failed", "ineffective"):
-            if event.lease_id in members:
-                members.discard(event.lease_id)
-                if not event.message.endswith(f"gang {gang} aborted"):
-                    lost[gang] = True
-            alive.discard(event.lease_id or "")
-            if not alive:
-                lost[gang] = False  # the gang's life is over
+        elif state in ("expired", "released") and event.lease_id in members:
+            members.discard(event.lease_id)
+            if not event.message.endswith(f"gang {gang} aborted"):
+                lost[gang] = True
+        if not members:
+            lost[gang] = False  # the round is over
     return ""
 
 

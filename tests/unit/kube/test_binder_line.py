@@ -91,14 +91,16 @@ class Link:
         self.calls.append(f"reserve {fields['pod']}")
         if fields["request_id"] not in self.leases:  # reserved until its gang's commit
             self._lease(fields["request_id"])
-            self.leases[fields["request_id"]].state = "reserved"
+            lease = self.leases[fields["request_id"]]
+            lease.state, lease.gang_id, lease.pod = "reserved", key, fields["pod"]
         return self._lease(fields["request_id"])
 
-    async def commit(self, key: str) -> None:
+    async def commit(self, key: str) -> pb.GangResponse:
         self.calls.append(f"commit {key}")
-        for lease in self.leases.values():
-            if lease.state == "reserved":
-                lease.state = "admitted"
+        committed = [x for x in self.leases.values() if x.state == "reserved"]
+        for lease in committed:
+            lease.state = "admitted"
+        return pb.GangResponse(leases=committed)
 
     async def abort(self, key: str) -> None:
         self.calls.append(f"abort {key}")
@@ -119,6 +121,16 @@ class Cache:
 
     def injector(self, node: str) -> str:
         return "nri" if node in self.nri else "device-plugin"
+
+    @property
+    def nodes(self) -> dict[str, Link]:
+        return self.links
+
+    def live_leases(self, node: str) -> list[Any]:
+        """The node's leases as its agent's last answer shows them (every one here)."""
+        from agent.kube.views import lease_of
+
+        return [lease_of(x) for x in self.links[node].leases.values()]
 
     def link(self, node: str) -> Link | None:
         return self.links.get(node)
@@ -193,7 +205,7 @@ async def test_other_nodes_do_not_wait() -> None:
 
 async def test_a_failed_binding_gives_its_lease_back_before_the_next_pod_is_admitted() -> None:
     api, cache = Api(pod("a"), pod("b")), Cache(["n1"])
-    api.fail["a"] = KubeError(500, "InternalError", "etcd is down")
+    api.fail["a"] = KubeError(422, "Invalid", "refused: nothing landed")
     api.hold = True
     b = binder(api, cache)
     first = asyncio.create_task(b.bind(NS, "a", "uid-a", "n1"))
@@ -201,7 +213,7 @@ async def test_a_failed_binding_gives_its_lease_back_before_the_next_pod_is_admi
     await settle()
     assert cache.calls == ["admit team/a"]  # a's Binding is held: b waits
     api.released.set()
-    assert "etcd is down" in await first
+    assert "refused: nothing landed" in await first
     assert await second == ""
     assert cache.calls == ["admit team/a", "release L-uid-a", "admit team/b"]
 
@@ -300,7 +312,7 @@ async def test_a_failed_gang_frees_the_line(failure: str) -> None:
 
         cache.links["n1"].commit = refuse  # type: ignore[method-assign]
     else:
-        api.fail["g0"] = api.fail["g1"] = KubeError(500, "InternalError", "etcd is down")
+        api.fail["g0"] = api.fail["g1"] = KubeError(422, "Invalid", "refused")
     b = binder(api, cache, hold_s=30)
     members = [asyncio.create_task(b.bind(NS, f"g{i}", f"uid-g{i}", "n1")) for i in range(2)]
     results = await asyncio.wait_for(asyncio.gather(*members), 2)
@@ -375,7 +387,7 @@ async def test_a_gang_member_bound_again_commits_its_new_reservation_only_in_its
     link.release = release  # type: ignore[method-assign]
     link.reserve = reserve_again  # type: ignore[method-assign]
     b = binder(api, cache, hold_s=30, resolve_s=0.2)
-    api.fail["g0"] = KubeError(500, "InternalError", "etcd is down")  # did not land
+    api.fail["g0"] = KubeError(422, "Invalid", "refused")  # did not land
     assert await b.bind(NS, "g0", "uid-g0", "n1") != ""
     assert "release L-uid-g0" in cache.calls
     del api.fail["g0"]
@@ -395,3 +407,133 @@ async def test_a_gang_member_bound_again_commits_its_new_reservation_only_in_its
     second_commit = max(i for i, call in enumerate(cache.calls) if call == "commit team/g")
     assert cache.calls.index("allocated L-uid-a") < second_commit, cache.calls
     assert [name for name, _, _ in api.bindings] == ["a", "g0"]
+
+
+async def test_a_commit_that_admits_fewer_members_than_were_reserved_fails_the_gang() -> None:
+    """The agent commits what is reserved at that moment: a member whose reservation
+    ended before (a new round of the same gang id began) would be missing. The binder
+    counts the members the commit admitted: none is bound, and the one admitted is
+    given back."""
+    api = Api(pod("g0", gang="g", size=2), pod("g1", gang="g", size=2))
+    cache = Cache(["n1"])
+    link = cache.links["n1"]
+
+    async def commit_one(key: str) -> pb.GangResponse:
+        cache.calls.append(f"commit {key}")
+        lease = link.leases["uid-g0"]
+        lease.state = "admitted"
+        return pb.GangResponse(leases=[lease])  # g1's reservation had ended
+
+    link.commit = commit_one  # type: ignore[method-assign]
+    b = binder(api, cache, hold_s=30)
+    members = [asyncio.create_task(b.bind(NS, f"g{i}", f"uid-g{i}", "n1")) for i in range(2)]
+    results = await asyncio.wait_for(asyncio.gather(*members), 2)
+    assert all("did not admit L-uid-g1" in r for r in results), results
+    assert api.bindings == []
+    assert "release L-uid-g0" in cache.calls
+
+
+class HeldApi(Api):
+    """Bindings of the pods named in ``held`` wait until ``go`` is set; a read of a pod in
+    ``unreadable`` fails."""
+
+    def __init__(self, *pods: Obj) -> None:
+        super().__init__(*pods)
+        self.held: set[str] = set()
+        self.go = asyncio.Event()
+        self.unreadable: set[str] = set()
+
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        if name in self.unreadable:
+            raise KubeError(503, "ServiceUnavailable", "etcd is slow")
+        return await super().get_pod(namespace, name)
+
+    async def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, *, annotations: Any = None
+    ) -> None:
+        if name in self.held:
+            await self.go.wait()
+        await super().bind_pod(namespace, name, uid, node, annotations=annotations)
+
+
+async def test_a_retry_in_its_kept_place_ahead_of_a_gang_is_waited_for_before_the_commit() -> None:
+    """p's Binding outcome is unknown: its lease is kept and its turn ends with it. The
+    gang's turn on n1 waits behind it (its hold passes: p is not allocated), then the
+    commit waits on n2. p's retry takes its kept place, ahead of the gang's turn on n1:
+    the commit waits for p to be bound and allocated again before it commits, or p's
+    Allocate would get the gang member's older lease."""
+    api = HeldApi(pod("p"), pod("a"), pod("g0", gang="g", size=2), pod("g1", gang="g", size=2))
+    cache = Cache(["n1", "n2"])
+    informer = {f"uid-{name}": p for name, p in api.pods.items()}
+    b = Binder(api, cache, BindOptions(hold_s=0.3, resolve_s=0.1), pods=informer.get)  # type: ignore[arg-type]
+    api.fail["p"] = KubeError(500, "InternalError", "etcd is down")
+    api.unreadable.add("p")
+    assert "is kept" in await b.bind(NS, "p", "uid-p", "n1")
+    del api.fail["p"]
+    api.unreadable.discard("p")
+    api.held.add("a")  # a's bind on n2 is in progress while the gang waits there
+    a = asyncio.create_task(b.bind(NS, "a", "uid-a", "n2"))
+    await until(lambda: "admit team/a" in cache.calls)
+    gang = [asyncio.create_task(b.bind(NS, f"g{i}", f"uid-g{i}", f"n{i + 1}")) for i in range(2)]
+    await asyncio.sleep(0.5)  # the gang's wait on n1 is over (p's hold passed): it waits on n2
+    assert "commit team/g" not in cache.calls
+    p = asyncio.create_task(b.bind(NS, "p", "uid-p", "n1"))  # in its kept place
+    assert await asyncio.wait_for(p, 2) == ""
+    api.go.set()
+    assert await asyncio.wait_for(a, 2) == ""
+    cache.allocate("L-uid-a")
+    await asyncio.sleep(0.1)
+    assert "commit team/g" not in cache.calls, cache.calls  # p was bound: wait for it
+    cache.allocate("L-uid-p")
+    assert await asyncio.wait_for(asyncio.gather(*gang), 3) == ["", ""]
+    assert cache.calls.index("allocated L-uid-p") < cache.calls.index("commit team/g")
+
+
+async def test_a_lease_not_given_back_keeps_the_next_pod_waiting_for_its_hold() -> None:
+    """a's Binding is refused (nothing landed), and its Release fails (the agent was away a
+    moment): a's lease is still live for all the binder knows, so b waits for a's hold as
+    after a bind that bound; b's Allocate then skips a's lease, whose hold has passed. It
+    went at once before, and b's Allocate got a's lease."""
+    import grpc
+
+    api, cache = Api(pod("a"), pod("b")), Cache(["n1"])
+
+    async def release_unavailable(lease_id: str) -> None:
+        cache.calls.append(f"release {lease_id} (failed)")
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "away"
+        )
+
+    cache.links["n1"].release = release_unavailable  # type: ignore[method-assign]
+    api.fail["a"] = KubeError(422, "Invalid", "refused: nothing landed")
+    b = binder(api, cache, hold_s=0.5)
+    assert await b.bind(NS, "a", "uid-a", "n1") != ""
+    started = asyncio.get_running_loop().time()
+    assert await asyncio.wait_for(b.bind(NS, "b", "uid-b", "n1"), 3) == ""
+    assert asyncio.get_running_loop().time() - started >= 0.4, "b did not wait for a's hold"
+    assert [name for name, _, _ in api.bindings] == ["b"]
+
+
+async def test_a_bind_that_overran_its_hold_gives_its_lease_back_before_binding() -> None:
+    """a's Admit is slow (its agent retried): after the hold, b goes on and is admitted. a's
+    lease, granted late, would wait for its Allocate beside b's: it is given back before
+    any Binding, and a is tried again later, in line."""
+    api, cache = Api(pod("a"), pod("b")), Cache(["n1"])
+    link = cache.links["n1"]
+    admit = link.admit
+    slow = asyncio.Event()
+
+    async def slow_admit(**fields: Any) -> pb.AdmitResponse:
+        if fields["pod"] == f"{NS}/a":
+            await slow.wait()
+        return await admit(**fields)
+
+    link.admit = slow_admit  # type: ignore[method-assign]
+    b = binder(api, cache, hold_s=0.2)
+    first = asyncio.create_task(b.bind(NS, "a", "uid-a", "n1"))
+    await settle()
+    assert await asyncio.wait_for(b.bind(NS, "b", "uid-b", "n1"), 2) == ""
+    slow.set()
+    assert "took longer than the hold" in await asyncio.wait_for(first, 2)
+    assert "release L-uid-a" in cache.calls
+    assert [name for name, _, _ in api.bindings] == ["b"]
