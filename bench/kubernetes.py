@@ -260,6 +260,7 @@ class Run:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     rules: Rules = field(default_factory=Rules)
     chaos: Chaos | None = None
+    stuck: list[str] = field(default_factory=list)  # pods bound but never allocated: why
     missing: Counter[str] = field(default_factory=Counter)  # pod -> samples in a row
     without_lease: set[str] = field(default_factory=set)  # pods seen running without one
 
@@ -350,6 +351,7 @@ class Run:
             await asyncio.wait_for(plan.started.wait(), self.args.bind_deadline_s)
         except TimeoutError:
             plan.phase = "never allocated"
+            self.stuck.append(self.why_stuck(plan))
         if plan.phase != "Running":
             if await self.lease_evicted(plan, wait_s=10.0):
                 await self.gone(plan)  # deleted by the controller: its owner would place it again
@@ -459,6 +461,20 @@ class Run:
                     if entry.leases > rules.max_clients:
                         self.overcommit.append(f"{name}/{entry.device_uuid}: {entry.leases}")
             await asyncio.sleep(self.args.sample_s)
+
+    def why_stuck(self, plan: PodPlan) -> str:
+        """What the API server and the kubelets show of a pod bound but never started."""
+        pod = self.cluster.api_server.pod(NAMESPACE, plan.name) or {}
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        kubelets = self.cluster.kubelets
+        seen = kubelets is not None and plan.uid in kubelets._seen
+        got = kubelets.got.get((NAMESPACE, plan.name, "main")) if kubelets else None
+        return (
+            f"{plan.name}: node {spec.get('nodeName')!r}, lease "
+            f"{(meta.get('annotations') or {}).get(LEASE_ANNOTATION)!r}, phase "
+            f"{(pod.get('status') or {}).get('phase')!r}, seen by its kubelet {seen}, "
+            f"allocation {getattr(got, 'failed_at', None)!r} {getattr(got, 'error', None)!r}"
+        )
 
     def check_running(self, node: str, live: set[str]) -> None:
         """Pods running on ``node`` whose lease is not live there: seen in two samples in a
@@ -693,6 +709,7 @@ def summarize(
         "rejected_agent_away": sum(p.rejected for p in plans),
         "lost": len(lost),
         "lost_why": dict(Counter(p.outcome for p in lost)),
+        "stuck_why": [x[:300] for x in bench.stuck[:3]],
         # from the first create to the last pod gone; inline parts count as the harness
         "cpu_ms_per_pod": bench.cpu_ms_per_pod,
         "cores_busy": round(cpu_s_all / (done_at - bench.first_create), 2),

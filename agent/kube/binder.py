@@ -15,10 +15,10 @@ until it is, and a 409 is resolved by reading the pod back (:mod:`agent.kube.bin
 Bound to the node with this lease, the bind is done; not bound, the lease is given back
 (and, if the agent does not take it back, the node's next pod waits for its hold). Unknown
 (no answer is sure in time, or the pod could not be read back), nothing is guessed: the
-lease is kept (:mod:`agent.kube.kept`), the bind answers why, and the pod's next try takes the same lease (same
-request id) or, bound elsewhere, gives it back. Left alone (``kube serve`` stops), the
-lease controller's reconcile keeps it while the pod lives unbound or bound with it, and
-releases it once the pod is gone or bound elsewhere.
+lease is kept (:mod:`agent.kube.kept`), the bind answers why, and the pod's next try takes
+the same lease (same request id) or, bound elsewhere, gives it back. Left alone (``kube
+serve`` stops), the lease controller's reconcile keeps it while the pod lives unbound or
+bound with it, and releases it once the pod is gone or bound elsewhere.
 
 A member of a gang committed before (:mod:`agent.kube.gangs`), bound again after its
 Binding failed, gets its committed lease back (``Reserve``, same request id) or, that one
@@ -63,7 +63,6 @@ from agent.kube.calls import (
     give_back,
     link_closed_fails,
     refused_by,
-    unbroken,
 )
 from agent.kube.gangs import Gangs
 from agent.kube.kept import Kept, KeptLeases
@@ -111,6 +110,7 @@ class Binder:
         self._attempts: dict[str, int] = {}  # pod uid -> its request id's attempt, newest last
         self._kept = KeptLeases(cache, self._lines)
         self.in_flight: dict[str, asyncio.Task[str]] = {}  # pod -> its bind in progress
+        self._placing_keys: set[str] = set()  # pods whose Binding is in flight
         self._closed = False
         self.queued: Counter[str] = Counter()  # node -> binds to it in progress or waiting
 
@@ -144,10 +144,11 @@ class Binder:
         is the pod's next try's (the same request id gets it back) or ends on its own (a
         gang's reservations, at their TTL)."""
         self._closed = True
-        tasks = list(self.in_flight.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks = list(self.in_flight.items())
+        for key, task in tasks:
+            if key not in self._placing_keys:
+                task.cancel()
+        await asyncio.gather(*(task for _key, task in tasks), return_exceptions=True)
 
     async def _bind(self, namespace: str, name: str, uid: str, node: str, *, fresh: bool) -> str:
         assumed = None
@@ -223,8 +224,15 @@ class Binder:
         undo: Callable[[], Any],
     ) -> None:
         """Bind (the pod before this one in the line is done) with the lease as the
-        Binding's annotation, to its end even if this bind is cancelled meanwhile."""
-        await unbroken(self._placing(pod, node, lease, (turn, undo)))
+        Binding's annotation, to its end: :meth:`aclose` does not cancel a bind here (and
+        nothing else cancels a bind's task)."""
+        meta = pod["metadata"]
+        key = meta["uid"] or f"{meta['namespace']}/{meta['name']}"
+        self._placing_keys.add(key)
+        try:
+            await self._placing(pod, node, lease, (turn, undo))
+        finally:
+            self._placing_keys.discard(key)
 
     async def _placing(
         self, pod: Obj, node: str, lease: pb.Lease, ending: tuple[Turn, Callable[[], Any]]
