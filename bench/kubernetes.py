@@ -263,6 +263,7 @@ class Run:
     stuck: list[str] = field(default_factory=list)  # pods bound but never allocated: why
     missing: Counter[str] = field(default_factory=Counter)  # pod -> samples in a row
     without_lease: set[str] = field(default_factory=set)  # pods seen running without one
+    started_on: dict[str, list[PodPlan]] = field(default_factory=dict)  # node -> Running
 
     # -- what the harness is told ----------------------------------------------------------
 
@@ -288,6 +289,8 @@ class Run:
         assert kubelets is not None
         lease = (meta.get("annotations") or {}).get(LEASE_ANNOTATION, "")
         plan.node, plan.lease_id = (pod.get("spec") or {}).get("nodeName", ""), lease
+        if phase == "Running":
+            self.started_on.setdefault(plan.node, []).append(plan)
         outcome = kubelets.got.get((meta["namespace"], meta["name"], "main"))
         if outcome is not None and isinstance(outcome.error, AdmissionRejected):
             plan.rejected = True  # its agent was away: the pod is Failed, as it should be
@@ -479,9 +482,9 @@ class Run:
     def check_running(self, node: str, live: set[str]) -> None:
         """Pods running on ``node`` whose lease is not live there: seen in two samples in a
         row (a lease may end a moment before its pod does), unless the pod was evicted."""
-        for plan in self.by_uid.values():
-            if plan.node != node or plan.phase != "Running" or plan.closing or plan.evicted:
-                continue
+        running = [p for p in self.started_on.get(node, ()) if not (p.closing or p.evicted)]
+        self.started_on[node] = running  # the ones that ended are not looked at again
+        for plan in running:
             if plan.lease_id in live:
                 self.missing.pop(plan.name, None)
                 continue

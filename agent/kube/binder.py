@@ -52,7 +52,6 @@ import grpc
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import LeaseState
 from agent.kube import binding
-from agent.kube.agents import AgentLink
 from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
 from agent.kube.binding import Outcome
 from agent.kube.cache import AgentCache
@@ -62,6 +61,7 @@ from agent.kube.calls import (
     ended_request_id,
     give_back,
     link_closed_fails,
+    link_of,
     refused_by,
 )
 from agent.kube.gangs import Gangs
@@ -196,7 +196,7 @@ class Binder:
     # -- one pod ---------------------------------------------------------------------------
 
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
-        link = self._link(node)
+        link = link_of(self._cache, node)
         fields = request_fields(pod, ask)
         kept = self._kept.get(pod["metadata"]["uid"])
         if kept is not None and kept.node == node:  # its lease is the one kept
@@ -276,7 +276,7 @@ class Binder:
         meta = pod["metadata"]
         uid = meta["uid"]
         key = f"{meta['namespace']}/{ask.gang_id}"
-        link = self._link(node)
+        link = link_of(self._cache, node)
         fields = request_fields(pod, ask)
         ttl_s = self._options.gang_ttl_s
         answer = await self._granted(
@@ -292,7 +292,7 @@ class Binder:
         if (
             self._gangs.committed_with(uid) == key
             or lease.state == LeaseState.ADMITTED.value
-            or self._gangs.running(key, f"{meta['namespace']}/{meta['name']}")
+            or self._gangs.running(key, pod)
         ):
             await self._bind_again(pod, node, lease, key)  # its gang was committed before
             return
@@ -316,7 +316,7 @@ class Binder:
         ahead of the pods not admitted yet, as its gang's members did; a reservation
         committed before its turn would be an admitted lease older than the pod bound
         meanwhile, whose Allocate would get it."""
-        link = self._link(node)
+        link = link_of(self._cache, node)
         undo = partial(link.release, lease.lease_id)
         turn = self._kept.turn(pod["metadata"]["uid"], node)
         async with self._lines.taken(node, turn):
@@ -358,9 +358,3 @@ class Binder:
             self.queued[node] -= 1
             if not self.queued[node]:
                 del self.queued[node]
-
-    def _link(self, node: str) -> AgentLink:
-        link = self._cache.link(node)
-        if link is None:
-            raise BindError(f"{node}: {self._cache.why_unknown(node)}")
-        return link

@@ -90,10 +90,10 @@ async def bind(
                     "binding of %s to %s sent again: bound (after: %s)", *_named(meta, node), first
                 )
             return Outcome.BOUND, ""
-        first = first or failure
         why = f"binding to {node} failed: {failure}"
-        if refused(failure) and failure is first:
+        if first is None and refused(failure):  # sure: no Binding of this bind was made
             return Outcome.NOT_BOUND, why
+        first = first or failure
         conflict = failure.status == 409  # a Binding of the pod landed: this one, or another
         if conflict or refused(failure) or loop.time() + delay_s > deadline:
             return await _read_back_outcome(

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from agent.core.lease import ENDED_REQUEST_ID_HINT
+from agent.kube.agents import AgentLink
 from agent.kube.bounded import printable
 from agent.kube.cache import AgentCache
 
@@ -69,6 +70,14 @@ def _unavailable(details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(
         grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None
     )
+
+
+def link_of(cache: AgentCache, node: str) -> AgentLink:
+    """The link to ``node``'s agent; :class:`BindError` saying why there is none."""
+    link = cache.link(node)
+    if link is None:
+        raise BindError(f"{node}: {cache.why_unknown(node)}")
+    return link
 
 
 async def agent_call(node: str, call: Awaitable[T]) -> T:

@@ -20,17 +20,25 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 
 import grpc
 
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import LeaseState
-from agent.kube.agents import AgentLink
 from agent.kube.bounded import printable
 from agent.kube.cache import AgentCache
-from agent.kube.calls import BindError, agent_call, give_back, link_closed_fails, unbroken
+from agent.kube.calls import (
+    BindError,
+    agent_call,
+    give_back,
+    link_closed_fails,
+    link_of,
+    unbroken,
+)
 from agent.kube.line import Lines, Turn
+from agent.kube.port import Obj
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +77,24 @@ class Gangs:
         """The gang the pod was committed with ("" for none known)."""
         return self._committed.get(uid, "")
 
-    def running(self, key: str, pod: str) -> bool:
+    def running(self, key: str, pod: Obj) -> bool:
         """Whether members of gang ``key`` other than ``pod`` hold committed leases on the
-        agents (as their last answers show): the gang was committed, by this process or
+        agents (as their last answers show), reserved no earlier than a gang TTL before
+        ``pod`` was created: the gang was committed in ``pod``'s round, by this process or
         one before it, and ``pod`` is a member bound again (its lease given back after a
-        failed Binding, or a replacement of a member that ended)."""
+        failed Binding). Leases of an older round (a gang made anew while its old members
+        still end) are not ``pod``'s gang's."""
+        meta = pod.get("metadata") or {}
+        created = _seconds(meta.get("creationTimestamp"))
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        if created is None:
+            return False
+        since = created - self._ttl_s
         for node in list(self._cache.nodes):
             for lease in self._cache.live_leases(node):
                 committed = lease.state in (LeaseState.ADMITTED, LeaseState.READY)
-                if lease.gang_id == key and committed and lease.pod != pod:
+                mine = lease.gang_id == key and lease.pod != name
+                if mine and committed and lease.created_at >= since:
                     return True
         return False
 
@@ -138,14 +155,14 @@ class Gangs:
         firsts = {node: gang.turns[leases[0].lease_id] for node, leases in by_node.items()}
         try:
             await self._wait_all(firsts)
+        except BaseException as exc:  # cancelled while it waited: nothing was committed
+            gang.failed = f"gang {gang.key}: not committed: {type(exc).__name__}"
+            await unbroken(self.abort(gang))
+            raise
+        try:
             for node, first in firsts.items():  # from here nothing goes ahead of the gang
                 self._lines.line(node).start(first)
             await unbroken(self._commit_everywhere(gang, by_node))
-        except BaseException as exc:
-            if not gang.failed:  # cancelled while it waited: nothing was committed
-                gang.failed = f"gang {gang.key}: not committed: {type(exc).__name__}"
-                await unbroken(self.abort(gang))
-            raise
         finally:
             if gang.failed:
                 for node, leases in by_node.items():
@@ -168,7 +185,7 @@ class Gangs:
         try:
             for node in sorted(by_node):  # a commit that fails is FAILED_PRECONDITION
                 sent.append(node)
-                answer = await agent_call(node, self._link(node).commit(gang.key))
+                answer = await agent_call(node, link_of(self._cache, node).commit(gang.key))
                 _check_whole(gang.key, node, by_node[node], answer)
             self._remember(gang)
         except Exception as exc:  # refused, unanswered, or a fault of this side: all undone
@@ -214,11 +231,15 @@ class Gangs:
                     printable(exc.details() or ""),
                 )
 
-    def _link(self, node: str) -> AgentLink:
-        link = self._cache.link(node)
-        if link is None:
-            raise BindError(f"{node}: {self._cache.why_unknown(node)}")
-        return link
+
+def _seconds(stamp: object) -> float | None:
+    """An RFC 3339 timestamp of the API server (``2026-01-01T00:00:00Z``) in Unix seconds."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _check_whole(key: str, node: str, members: list[pb.Lease], answer: pb.GangResponse) -> None:

@@ -14,7 +14,10 @@ before any lease is looked at.
 Every pairing is a durable fact (:mod:`agent.runtime.allocations`): the lease handed to
 some share units, units answered with the NRI marker, a grant repeated, the pod found at
 PreStartContainer. Each is on disk before the kubelet, the runtime or the binder hears
-back, and the book is read back at start. So an agent restarted between Allocate and
+back, and the book is read back at start. An Allocate or an NRI injection whose record
+cannot be written is refused; a repeated grant or a PreStartContainer check whose record
+cannot be written is logged and answered (the hold then runs from the last recorded
+grant; the pairing itself was recorded at Allocate). So an agent restarted between Allocate and
 PreStartContainer, or between a grant and its Binding, resumes where it was, and never
 hands a running pod's lease to the next pod.
 """
@@ -240,6 +243,8 @@ class PodAllocator:
         (same request id: a retried bind) starts its hold again, recorded before the binder
         hears back. If that cannot be written, the hold runs from the last recorded grant:
         the pod may fail its Allocate, never get another pod's lease."""
+        if lease.updated_at >= asked_at:  # granted by this very Admit: most answers
+            return
         if not holds_again(
             lease, asked_at, taken=self._book.taken, granted_at=self._book.granted_at
         ):

@@ -7,24 +7,16 @@ no retry), its lease released, instead of staying Pending under a live lease."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import short_dir
 from tests.kube.cluster import LoopbackCluster, eventually, gpu_pod, loopback_cluster
 from tests.kube.test_end_to_end import live_leases, running
 from tests.kube.test_end_to_end_faults import BINDING, lease_of_pod
 from tests.kubelet.fake_kubelet import AdmissionRejected, Outcome
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
 
 
 def phase(c: LoopbackCluster, name: str) -> str:

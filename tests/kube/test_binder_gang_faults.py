@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,9 @@ import grpc
 import pytest
 
 from agent.kube.binder import Binder, BindOptions
-from tests.helpers import short_dir
 from tests.kube.test_binder_outcomes import BINDING, NS, World, world
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
 
 
 def bound_gang(w: World, names: tuple[str, ...]) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from agent.kube.rest import RestKubeApi
 from agent.kubelet.port import LEASE_ANNOTATION
 from agent.runtime.app import App, Ports
 from tests.certs import make_token
-from tests.helpers import fake_ports, running_app, short_dir, sim_settings
+from tests.helpers import fake_ports, running_app, sim_settings
 from tests.kube.apiserver import FakeApiServer, Fault, Obj
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,12 +49,6 @@ AGENT_TOKEN = "agent-" + "3c5e7a9b1d2f4e6a8c0b9d7f5e3a1c2b"
 CLIENT_TIMEOUT_S = 1.0  # the REST adapter's: a hanging Binding is given up after this
 BINDING = r"^/api/v1/namespaces/team-a/pods/{name}/binding$"
 POD = r"^/api/v1/namespaces/team-a/pods/{name}$"
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
 
 
 def ports() -> Ports:

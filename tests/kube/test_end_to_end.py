@@ -6,13 +6,12 @@ when the pod ends. Real agents (``gpushare serve --sim``) stand for the GPU node
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from tests.helpers import short_dir
 from tests.kube.cluster import (
     LoopbackCluster,
     Refused,
@@ -26,12 +25,6 @@ from tests.kube.scheduler import SchedulerStandIn
 pytestmark = pytest.mark.timeout(180)
 
 LEASE = "gpushare.io/lease"
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
 
 
 @pytest.fixture

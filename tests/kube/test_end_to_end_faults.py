@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
 from agent.core.units import GIB
-from tests.helpers import short_dir
 from tests.kube.apiserver import Obj
 from tests.kube.cluster import (
     LoopbackCluster,
@@ -30,12 +28,6 @@ from tests.kube.test_end_to_end import LEASE, live_leases, running
 pytestmark = pytest.mark.timeout(240)
 
 BINDING = r"^/api/v1/namespaces/team-a/pods/{name}/binding$"  # the binder's one write
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
 
 
 async def lease_of_pod(cluster: LoopbackCluster, pod: str) -> tuple[str, str]:

@@ -6,23 +6,15 @@ own pod's lease, now at CreateContainer; a deleted pod gives its lease back."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from tests.helpers import short_dir
 from tests.kube.cluster import agent_call, eventually, gpu_pod, loopback_cluster
 from tests.kube.test_end_to_end import live_leases, running
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
 
 
 async def test_pods_bound_to_one_nri_node_at_once_each_get_their_own_lease(root: Path) -> None:

@@ -22,7 +22,7 @@ from agent.core.units import GIB
 from agent.kube.cache import AgentCache
 from agent.kube.nodestate import CONDITION, READY_LABEL, publish_node_states
 from agent.kube.rest import RestKubeApi
-from tests.helpers import short_dir, spawn_agent
+from tests.helpers import spawn_agent
 from tests.kube.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,12 +33,6 @@ INTERVAL_S = 0.3
 START_S = 90.0  # a simulated agent starts in seconds, on a busy machine in tens of them
 FREE = re.compile(r"^GPU-[0-9a-f]{8}: \d+\.\d GiB, 200% threads free$")
 CLOSED = re.compile(r"^GPU-[0-9a-f]{8}: closed \(.+\)$")  # a busy machine may fail a daemon
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
 
 
 @pytest.fixture

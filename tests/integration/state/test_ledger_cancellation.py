@@ -194,3 +194,25 @@ async def test_a_device_gone_event_is_written_only_with_its_failed_lease(ledger:
     kinds = [e.kind for e in await store.events_since(0, limit=100) if e.lease_id]
     assert kinds == ["lease.admitted", "lease.device_gone", "lease.failed"]
     assert [e.kind for e in events.since(0)][-2:] == ["lease.device_gone", "lease.failed"]
+
+
+async def test_a_drain_whose_caller_goes_away_is_drained_on_disk_and_in_memory(
+    ledger: Ledger,
+) -> None:
+    """The CLI's Ctrl-C while the drain's write is held: the write lands, and the device
+    is closed in memory too (it was drained on disk and open until a restart)."""
+    node, store, _events = ledger
+    store._lock.acquire()  # the store's thread waits for the connection: a slow disk
+    try:
+        drain = asyncio.create_task(node.drain(DEVICE.uuid, "maintenance"))
+        await settle()
+        drain.cancel()
+        await asyncio.gather(drain, return_exceptions=True)
+    finally:
+        store._lock.release()  # the write goes on, its caller gone
+    async with asyncio.timeout(5):
+        while DEVICE.uuid not in node.drained:
+            await asyncio.sleep(0.01)
+    assert await store.drained() == {DEVICE.uuid: "maintenance"}
+    answer = await node.admit(request("after", 5))
+    assert not answer.decision.admitted

@@ -537,3 +537,58 @@ async def test_a_bind_that_overran_its_hold_gives_its_lease_back_before_binding(
     assert "took longer than the hold" in await asyncio.wait_for(first, 2)
     assert "release L-uid-a" in cache.calls
     assert [name for name, _, _ in api.bindings] == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("reserved_s", "state", "other_pod", "running"),
+    [
+        (10.0, "admitted", "team/g1", True),  # its round: a member committed
+        (-60.0, "ready", "team/g1", True),  # reserved before it was made, within a TTL
+        (-600.0, "admitted", "team/g1", False),  # an older round of the same gang name
+        (10.0, "reserved", "team/g1", False),  # not committed: the gang is being formed
+        (10.0, "admitted", "team/g0", False),  # its own lease
+    ],
+)
+def test_a_gang_is_running_for_a_pod_only_in_its_own_round(
+    reserved_s: float, state: str, other_pod: str, running: bool
+) -> None:
+    """After a restart the binder knows a member bound again only from the agents'
+    committed leases of its gang, reserved no earlier than a TTL before the pod was
+    made: a gang made anew while its old members still end is not bound one by one."""
+    from datetime import UTC, datetime
+
+    from agent.kube.gangs import Gangs
+    from agent.kube.line import Lines
+
+    made = 1_800_000_000.0
+    cache = Cache(["n1"])
+    cache.links["n1"].leases["r"] = pb.Lease(
+        lease_id="L-other",
+        request_id="r",
+        created_at=made + reserved_s,
+        priority="burstable",
+        state=state,
+        gang_id="team/g",
+        pod=other_pod,
+    )
+    gangs = Gangs(cache, Lines(cache, hold_s=1, clock=lambda: 0.0), ttl_s=120, clock=lambda: 0.0)  # type: ignore[arg-type]
+    member = pod("g0", gang="g", size=2)
+    stamp = datetime.fromtimestamp(made, UTC).isoformat().replace("+00:00", "Z")
+    member["metadata"]["creationTimestamp"] = stamp
+    assert gangs.running("team/g", member) is running
+
+
+async def test_a_stop_while_a_gang_waits_for_its_turn_aborts_it_and_commits_nothing() -> None:
+    api = Api(pod("a"), pod("g0", gang="g", size=2), pod("g1", gang="g", size=2))
+    cache = Cache(["n1"])
+    b = binder(api, cache, hold_s=30)
+    assert await b.bind(NS, "a", "uid-a", "n1") == ""  # bound, not allocated: the gang waits
+    members = [asyncio.create_task(b.bind(NS, f"g{i}", f"uid-g{i}", "n1")) for i in range(2)]
+    await until(
+        lambda: cache.calls.count("reserve team/g0") + cache.calls.count("reserve team/g1") == 2
+    )
+    await settle()
+    await asyncio.wait_for(b.aclose(), 2)
+    await asyncio.gather(*members, return_exceptions=True)
+    assert "abort team/g" in cache.calls and "commit team/g" not in cache.calls, cache.calls
+    assert [name for name, _, _ in api.bindings] == ["a"]
