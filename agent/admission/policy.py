@@ -210,7 +210,16 @@ def decide(
     allow_preemption: bool = True,
     gate: RetentionGate | None = None,
 ) -> Decision:
-    """Admit onto the best device by the placement rule, preempt if allowed, or refuse."""
+    """Admit onto the best device by the placement rule, preempt if allowed, or refuse. A
+    request pinned to a device (``device_uuid``) is decided on that device alone."""
+    if request.device_uuid is not None:
+        views = [v for v in views if v.device.uuid == request.device_uuid]
+        if not views:
+            return Decision(
+                False,
+                reason=ReasonCode.DEVICE_UNAVAILABLE,
+                message=f"device {request.device_uuid} is not on this node",
+            )
     attempts = _attempts_in_fit_order(request, views, rules, gate)
     fitting = [(v, a) for v, a in zip(views, attempts, strict=True) if a.fits and a.checked]
     estimator = gate.name if gate is not None else ""

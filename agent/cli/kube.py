@@ -279,7 +279,7 @@ def _leader(options: dict[str, Any]) -> Any:
 
 
 def _api(options: dict[str, Any]) -> Any:
-    from agent.kube.rest import RestKubeApi
+    from agent.kubeapi.rest import RestKubeApi
 
     timeout_s = options["api_timeout_s"]
     if not options["api_server"]:

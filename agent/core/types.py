@@ -138,6 +138,8 @@ class AdmissionRequest:
     # "unit:<name>"), or "" for none.
     workload: str = ""
     pod: str = ""  # the Kubernetes pod it is for, "<namespace>/<name>"; "" for none
+    # Only this device may take it (a DRA share: the scheduler chose the device); None: any.
+    device_uuid: str | None = None
     # The caller identity that asks (the mTLS subject or the token's name; "local" on the
     # Unix socket): set by the API from the connection, never from the request's fields.
     owner: str = ""

@@ -67,8 +67,8 @@ from agent.kube.calls import (
 from agent.kube.gangs import Gangs
 from agent.kube.kept import Kept, KeptLeases
 from agent.kube.line import Lines, Turn
-from agent.kube.port import KubeApi, KubeError, NotFound, Obj, annotations_of
 from agent.kube.views import lease_of, pod_request_id, request_fields
+from agent.kubeapi.port import KubeApi, KubeError, NotFound, Obj, annotations_of
 from agent.kubelet.port import LEASE_ANNOTATION
 
 __all__ = ["BindError", "BindOptions", "Binder"]

@@ -19,7 +19,7 @@ import enum
 import logging
 
 from agent.kube.bounded import printable
-from agent.kube.port import KubeApi, KubeError, NotFound, Obj, Unanswered, annotations_of
+from agent.kubeapi.port import KubeApi, KubeError, NotFound, Obj, Unanswered, annotations_of
 from agent.kubelet.port import LEASE_ANNOTATION
 
 log = logging.getLogger(__name__)

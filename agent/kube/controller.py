@@ -22,7 +22,8 @@ from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
 from agent.kube.cache import AgentCache
 from agent.kube.leaseless import LeaselessPods, evicted_event, orphaned, placement
-from agent.kube.port import (
+from agent.kube.views import pod_uid_of
+from agent.kubeapi.port import (
     Conflict,
     Gone,
     KubeApi,
@@ -32,7 +33,6 @@ from agent.kube.port import (
     annotations_of,
     ended,
 )
-from agent.kube.views import pod_uid_of
 from agent.kubelet.port import LEASE_ANNOTATION
 
 log = logging.getLogger(__name__)

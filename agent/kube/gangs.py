@@ -38,7 +38,7 @@ from agent.kube.calls import (
     unbroken,
 )
 from agent.kube.line import Lines, Turn
-from agent.kube.port import Obj
+from agent.kubeapi.port import Obj
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from agent.kube.port import Conflict, KubeApi, KubeError, NotFound, Obj
+from agent.kubeapi.port import Conflict, KubeApi, KubeError, NotFound, Obj
 
 log = logging.getLogger(__name__)
 

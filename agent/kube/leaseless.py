@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import SCHEDULER_NAME
 from agent.kube.cache import NodeEntry
-from agent.kube.port import Obj, annotations_of, ended
+from agent.kubeapi.port import Obj, annotations_of, ended
 from agent.kubelet.port import LEASE_ANNOTATION
 
 

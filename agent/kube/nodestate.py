@@ -23,8 +23,8 @@ from agent.admission.policy import DeviceView, Rules, memory_left_bytes
 from agent.api.proto import agent_pb2 as pb
 from agent.core.units import format_bytes
 from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.port import KubeApi, KubeError, NotFound
 from agent.kube.views import device_views
+from agent.kubeapi.port import KubeApi, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from agent.kube.controller import LeaseController
 from agent.kube.extender import Extender, build_extender_app
 from agent.kube.leader import LeaderElector, LeaderOptions
 from agent.kube.nodestate import publish_node_states
-from agent.kube.port import KubeApi, KubeError
+from agent.kubeapi.port import KubeApi, KubeError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease, LeaseState, pod_request_id, pod_uid_of
 from agent.core.types import Device, PriorityClass, ReasonCode, SharingMode
 from agent.kube.annotations import PodAsk
-from agent.kube.port import Obj
+from agent.kubeapi.port import Obj
 
 __all__ = ["pod_request_id", "pod_uid_of"]  # the request-id convention, from agent.core
 

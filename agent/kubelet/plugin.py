@@ -35,6 +35,20 @@ KUBELET_SOCKET = "kubelet.sock"
 FileId = tuple[int, int, int]
 
 
+def remove_stale_socket(path: Path) -> bool:
+    """Remove what a previous run left at a socket path we serve (a socket nobody serves,
+    or any other file); False, and nothing removed, when a directory is there."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return True
+    if stat.S_ISDIR(mode):
+        return False
+    log.info("removing the stale socket %s", path)
+    path.unlink(missing_ok=True)
+    return True
+
+
 class DevicePluginError(Exception):
     """The plugin cannot serve: its socket cannot be bound."""
 
@@ -132,16 +146,8 @@ class DevicePluginServer:
 
     @staticmethod
     def _remove_stale(path: Path) -> None:
-        """Remove what a previous run left at our socket path (a socket nobody serves, or
-        any other file); a directory there is an error."""
-        try:
-            mode = path.lstat().st_mode
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(mode):
+        if not remove_stale_socket(path):
             raise DevicePluginError(f"cannot serve the device plugin on {path}: a directory")
-        log.info("removing the stale device-plugin socket %s", path)
-        path.unlink(missing_ok=True)
 
     async def _stop_serving(self, grace_s: float) -> None:
         server, service = self._server, self._service

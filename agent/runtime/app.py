@@ -23,11 +23,10 @@ from agent.api.http import HttpServer, build_http_app
 from agent.api.identity import Identify, local
 from agent.api.server import GrpcServer
 from agent.config import Settings, filewatch
-from agent.core.errors import GpushareError
 from agent.core.types import Device, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks, effective, kubelet, listeners, signals, snapshot
+from agent.runtime import checks, drastart, effective, kubelet, listeners, signals, snapshot
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
@@ -44,6 +43,7 @@ from agent.runtime.wiring import (
     build_ports,
     readiness_predictor,
     retention_gate,
+    select_telemetry,
     standard_sizes,
 )
 from agent.state.port import Retention
@@ -80,6 +80,7 @@ class App:
         self.node: NodeService | None = None
         self.control: ControlLoops | None = None
         self.device_plugin: kubelet.KubeletPlugins | None = None
+        self.dra: drastart.DraDriver | None = None
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
         self.supervisor = Supervisor()
@@ -220,7 +221,7 @@ class App:
         log.info("agent ready (pid %d, socket %s)", os.getpid(), self.settings.unix_socket_path)
 
     async def _start_telemetry(self) -> None:
-        self.telemetry = await self._select_telemetry(self.devices)
+        self.telemetry = await select_telemetry(self.ports.telemetry, self.devices)
         t = self.settings.telemetry
         self.sampler = Sampler(
             self.telemetry,
@@ -260,6 +261,16 @@ class App:
         self.device_plugin = await kubelet.start_device_plugin(
             self.settings, self.node, self.events, store=self.store, clock=self.clock
         )
+        self.dra = await drastart.start_dra_driver(
+            self.settings,
+            self.node,
+            self.events,
+            rules=self.rules,
+            clock=self.clock,
+            floor_of=self.gate.floor_of,
+        )
+        if self.dra is not None:
+            self.dra.spawn(self.supervisor)
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
         self.supervisor.spawn("state-pruner", self.node.pruner())
         assert self.sampler is not None
@@ -274,28 +285,6 @@ class App:
         )
         self.control.spawn(self.supervisor)
         connect_sim_counters(self.telemetry, self.node, self.gate)
-
-    async def _select_telemetry(self, devices: list[Device]) -> TelemetrySource:
-        """The first candidate that starts and reads; else the last one, to recover later."""
-        skipped = []
-        candidates = self.ports.telemetry
-        for source in candidates:
-            try:
-                await source.start()
-                await source.read(devices)
-            except GpushareError as exc:
-                skipped.append(f"{source.name}: {exc}")
-                if source is not candidates[-1]:
-                    await source.aclose()
-                    continue
-                log.warning("telemetry source %s does not answer yet: %s", source.name, exc)
-            log.info(
-                "telemetry source: %s%s",
-                source.name,
-                f" (skipped {'; '.join(skipped)})" if skipped else "",
-            )
-            return source
-        raise GpushareError("no telemetry source is configured")
 
     def _gpu_event(
         self, kind: str, message: str, device_uuid: str | None, attrs: Mapping[str, str]
@@ -320,9 +309,13 @@ class App:
             await plan.step("stop HTTP", self.http.stop())
         if self.device_plugin is not None:
             await plan.step("stop the device plugin", self.device_plugin.stop())
+        if self.dra is not None:
+            await plan.step("stop the DRA plugin", self.dra.stop())
         stuck = await self.supervisor.stop(timeout_s=plan.share(0.3))
         if stuck:
             log.warning("tasks still running after cancellation: %s", ", ".join(stuck))
+        if self.dra is not None:
+            await plan.step("close the DRA driver's API client", self.dra.aclose())
         keep = mode == "keep"
         kept = [s.pid for s in self.ports.mps.states() if keep and s.up and s.pid]
         await plan.step("stop MPS daemons", self.ports.mps.aclose(keep=keep))

@@ -45,6 +45,7 @@ def canonical(request: AdmissionRequest, gang_id: str | None) -> dict[str, Any]:
         "owner": request.owner,
         # only when set: requests recorded before pods existed keep their fingerprints
         **({"pod": request.pod} if request.pod else {}),
+        **({"device_uuid": request.device_uuid} if request.device_uuid else {}),
     }
 
 

@@ -7,7 +7,8 @@ starts and stops what is built.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from agent.admission.capacity import StandardSize
 from agent.admission.policy import Placement, Rules
 from agent.config import Settings
-from agent.core.errors import ConfigError, ValidationError
+from agent.core.errors import ConfigError, GpushareError, ValidationError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device
 from agent.gpu.exporter import ExporterTelemetry
@@ -34,6 +35,8 @@ from agent.sim.contention import Load, device_counters
 from agent.sim.processes import SimGpuBackend
 from agent.state.port import StateStore
 from agent.state.sqlite import SqliteStateStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -255,3 +258,27 @@ async def start_profiler(
 
     profiler = Profiler(device, supervisor, telemetry, duration_s=duration_s, warmup_s=warmup_s)
     return profiler, stop
+
+
+async def select_telemetry(
+    candidates: Sequence[TelemetrySource], devices: list[Device]
+) -> TelemetrySource:
+    """The first candidate that starts and reads; else the last one, to recover later."""
+    skipped = []
+    for source in candidates:
+        try:
+            await source.start()
+            await source.read(devices)
+        except GpushareError as exc:
+            skipped.append(f"{source.name}: {exc}")
+            if source is not candidates[-1]:
+                await source.aclose()
+                continue
+            log.warning("telemetry source %s does not answer yet: %s", source.name, exc)
+        log.info(
+            "telemetry source: %s%s",
+            source.name,
+            f" (skipped {'; '.join(skipped)})" if skipped else "",
+        )
+        return source
+    raise GpushareError("no telemetry source is configured")

@@ -33,11 +33,17 @@ NAMESPACE = "gpushare-system"
 # Files under deploy/ that are not Kubernetes objects, so no schema applies to them.
 NOT_OBJECTS = {
     KIND / "kind-config.yaml": "kind's own cluster configuration (kind.x-k8s.io), checked below",
+    KIND / "kind-config-dra.yaml": "kind's own, checked in test_dra_manifests.py",
     KIND / "agent-daemonset-patch.yaml": "a JSON patch; the DaemonSet it makes is validated",
 }
+# The DRA driver's manifests (resource.k8s.io/v1, Kubernetes 1.34 and later, not the
+# kube-scheduler's version here): tests/deploy/test_dra_manifests.py validates them.
+DRA = DEPLOY / "dra"
 # Kinds whose schemas are not Kubernetes' own: kubernetes-validate warns and skips them.
 NOT_IN_KUBERNETES = {("cert-manager.io/v1", "Certificate"): "a cert-manager CRD"}
-MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if p not in NOT_OBJECTS)
+MANIFESTS = sorted(
+    p for p in DEPLOY.rglob("*.yaml") if p not in NOT_OBJECTS and DRA not in p.parents
+)
 
 # `gpushare kube serve`'s options (agent/cli/kube.py).
 KUBE_SERVE_OPTIONS = {
@@ -65,6 +71,19 @@ CALLS = {
     "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
     "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
+    # the DRA driver's (deploy/dra/rbac.yaml; tests/deploy/test_dra_manifests.py)
+    "read_node": ("", "nodes", "get"),
+    "list_resource_slice": ("resource.k8s.io", "resourceslices", "list"),
+    "create_resource_slice": ("resource.k8s.io", "resourceslices", "create"),
+    "replace_resource_slice": ("resource.k8s.io", "resourceslices", "update"),
+    "delete_resource_slice": ("resource.k8s.io", "resourceslices", "delete"),
+    "read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
+    "list_resource_claim_for_all_namespaces": ("resource.k8s.io", "resourceclaims", "list"),
+    "replace_namespaced_resource_claim_status": (
+        "resource.k8s.io",
+        "resourceclaims/status",
+        "update",
+    ),
 }
 # Resources the gpushare container reads in its own namespace only (a Role, not cluster-wide).
 NAMESPACED = {("discovery.k8s.io", "endpointslices"), ("coordination.k8s.io", "leases")}
@@ -386,7 +405,7 @@ def test_the_example_pod_passes_the_webhook_and_gets_the_scheduler_and_finalizer
 
 def rest_calls() -> dict[str, set[tuple[str, str, str]]]:
     """Port method -> the (group, resource, verb) its RestKubeApi implementation calls."""
-    tree = ast.parse((REPO / "agent" / "kube" / "rest.py").read_text())
+    tree = ast.parse((REPO / "agent" / "kubeapi" / "rest.py").read_text())
     [rest] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RestKubeApi"]
     found: dict[str, set[tuple[str, str, str]]] = {}
     for method in rest.body:
@@ -399,12 +418,7 @@ def rest_calls() -> dict[str, set[tuple[str, str, str]]]:
             c for c in called if re.fullmatch(r"(read|list|patch|create|delete|replace)_.*", c)
         }
         assert unknown <= set(CALLS), f"add {unknown - set(CALLS)} to CALLS"
-        watch = any(
-            k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value is True
-            for n in nodes
-            if isinstance(n, ast.Call)
-            for k in n.keywords
-        )
+        watch = method.name.startswith("watch_")  # the list call, with watch=true
         verbs = set()
         for call in calls:
             group, resource, verb = CALLS[call]
@@ -416,12 +430,12 @@ def rest_calls() -> dict[str, set[tuple[str, str, str]]]:
 
 def port_methods_in_use() -> set[str]:
     """The KubeApi methods some part of the agent calls (outside the port and its adapter)."""
-    tree = ast.parse((REPO / "agent" / "kube" / "port.py").read_text())
+    tree = ast.parse((REPO / "agent" / "kubeapi" / "port.py").read_text())
     [port] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "KubeApi"]
     methods = {n.name for n in port.body if isinstance(n, ast.AsyncFunctionDef | ast.FunctionDef)}
     used: set[str] = set()
     for path in (REPO / "agent").rglob("*.py"):
-        if path.name in ("port.py", "rest.py") and path.parent.name == "kube":
+        if path.parent.name == "kubeapi":
             continue
         text = path.read_text()
         used |= {m for m in methods if re.search(rf"\.{m}\(", text)}

@@ -1,8 +1,9 @@
 """A stand-in kube-apiserver for tests: real paths, JSON shapes, status codes and ``Status``
 error bodies for the few resources the cluster side uses (pods, nodes, core/v1 events,
-discovery/v1 EndpointSlices, coordination/v1 Leases: create, get and PUT), held in memory
-under one global, increasing ``resourceVersion`` (a string of an integer, set on an object
-by every write to it).
+discovery/v1 EndpointSlices, coordination/v1 Leases: create, get and PUT; every verb of
+resource.k8s.io/v1 DeviceClasses, ResourceSlices, ResourceClaims with ``/status`` and
+ResourceClaimTemplates), held in memory under one global, increasing ``resourceVersion`` (a
+string of an integer, set on an object by every write to it).
 
     async with FakeApiServer(token="t") as api:
         pod = api.create_pod("train-0", "team-a", finalizers=["gpushare.io/lease"])
@@ -42,6 +43,33 @@ What it does as the real server does:
   finalizers a pod is deleted at once. Preconditions (uid, resourceVersion) are 409s.
 - Binding (``pods/{name}/binding``): sets ``spec.nodeName`` and the ``PodScheduled``
   condition; 409 if the pod is bound already or being deleted, or on a uid mismatch.
+- ``metadata.generateName``: the prefix (cut to 58 characters) and 5 characters of the
+  server's alphabet (consonants and digits), a name not taken.
+- resource.k8s.io/v1: list (ResourceClaims and templates also across namespaces), watch,
+  get, create, PUT, PATCH, DELETE (``preconditions`` uid/resourceVersion: 409; finalizers
+  as for pods, with no grace period) and DELETE of a collection (by selectors: what the
+  kubelet does to its node's ResourceSlices). ResourceSlice field selectors:
+  ``metadata.name``, ``spec.nodeName``, ``spec.driver`` (``spec.pool.name`` is a 400, as
+  on a real server); the others: ``metadata.name``, ``metadata.namespace``. A created
+  ResourceClaim's ``status`` is dropped (set it through ``/status``); ``metadata.generation``
+  starts at 1 and counts changes of ``spec``. Every write is decoded and validated as the
+  real server does it (see "resource.k8s.io/v1: decoding and validation" below): against
+  the strict JSON schemas that ``kubernetes-validate`` ships for ``kube_version`` (default
+  1.36), a wrong type or a quantity or time that does not parse is a 400, an unknown field a
+  400 ``strict decoding error`` (``fieldValidation=Strict``, the stand-in's default; ``Warn``
+  drops it with a ``Warning`` header, ``Ignore`` drops it), a missing required field or a
+  broken rule a 422 ``Invalid`` whose ``details.causes`` name every field. The rules beyond
+  the schema: one of nodeName/nodeSelector/allNodes/perDeviceNodeSelection; pool count > 0;
+  driver, pool name and node name immutable; at most 128 devices (64 when one has taints or
+  consumes counters), unique names, 32 attributes and capacities; a requestPolicy only with
+  ``allowMultipleAllocations``, ``validValues`` (at most 10, ascending, unique, within the
+  value, holding ``default``) or ``validRange`` (0 <= min <= default <= max <= value,
+  default and max on a step from min, min + step <= value); taints (16, a key, an effect of
+  NoSchedule/NoExecute/None); binding conditions (4 and 4, qualified names, no overlap, both
+  or neither); a claim's or template's spec immutable; ``status.allocation`` immutable once
+  set; ``reservedFor`` only with an allocation; every ``status.devices`` entry an allocated
+  (driver, pool, device, shareID), with at most 8 conditions of a qualified type,
+  True/False/Unknown, a reason and a lastTransitionTime.
 
 Where it is simpler than the real server (and says so):
 
@@ -52,9 +80,16 @@ Where it is simpler than the real server (and says so):
 - No kubelet: graceful termination is only recorded (``deletionTimestamp``), never waited
   for; no admission, no defaulting beyond the usual pod fields, no managedFields, no
   pagination (``limit`` is ignored, as a server may), no protobuf.
+- resource.k8s.io: no defaulting (a real server fills in e.g. ``allocationMode``), no
+  feature gates (a real server drops the fields of disabled ones), CEL selectors are not
+  compiled, quantities are echoed as sent (not canonicalized), messages of decoding errors
+  name the field by its path rather than its Go struct, and the schema's ``required`` holds
+  even where the real server takes a zero value (a ResourceClaim needs a ``spec``).
 
 Test helpers: :meth:`create_pod` (from :func:`pod_manifest`), :meth:`delete_pod`,
-:meth:`set_pod_phase`, :meth:`patch_pod`, :meth:`create_node`, :meth:`set_endpoints`,
+:meth:`set_pod_phase`, :meth:`patch_pod`, :meth:`create_node`, :meth:`put_object` (any kind,
+``status`` included), :attr:`objects` (``api.objects("resourceclaims")``: copies),
+:meth:`set_endpoints`,
 :meth:`events_for`, :meth:`compact`, :meth:`bookmark`, :meth:`hold_next`, the per-verb
 :attr:`requests` counter and the :attr:`log` of requests.
 
@@ -68,6 +103,8 @@ timeout whose write happened anyway, as etcd or a proxy in between can leave it)
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import json
 import logging
 import re
@@ -78,10 +115,17 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from functools import partial
 from typing import Any
 
+import jsonschema
 from aiohttp import web
+from kubernetes_validate import utils as schemas
+from referencing import Registry, Resource
+
+from tests.kube.quantity import FORMAT_MESSAGE as QUANTITY_FORMAT
+from tests.kube.quantity import QuantityError, integer_value, parse_quantity, render
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -149,8 +193,10 @@ class ApiError(Exception):
         return web.json_response(self.body(), status=self.code)
 
 
-def not_found(resource: str, name: str) -> ApiError:
-    return ApiError(404, f'{resource} "{name}" not found', details={"name": name, "kind": resource})
+def not_found(resource: str, name: str, group: str = "") -> ApiError:
+    details = {"name": name, **({"group": group} if group else {}), "kind": resource}
+    qualified = f"{resource}.{group}" if group else resource
+    return ApiError(404, f'{qualified} "{name}" not found', details=details)
 
 
 def conflict(resource: str, name: str, why: str) -> ApiError:
@@ -185,7 +231,14 @@ class Selector:
     labels: tuple[Callable[[Mapping[str, str]], bool], ...] = ()
 
     @classmethod
-    def parse(cls, fields: str, labels: str, known: frozenset[str]) -> Selector:
+    def parse(
+        cls,
+        fields: str,
+        labels: str,
+        known: frozenset[str],
+        refusal: str = 'field label not supported: "{path}"',
+    ) -> Selector:
+        """``refusal``: the 400's message for a field the kind has no index of."""
         parsed: list[tuple[str, str, bool]] = []
         for term in filter(None, (t.strip() for t in fields.split(","))):
             split = _split_op(term)
@@ -193,7 +246,7 @@ class Selector:
                 raise ApiError(400, f'invalid field selector: "{term}": no operator')
             path, value, equal = split
             if path not in known:
-                raise ApiError(400, f'field label not supported: "{path}"')
+                raise ApiError(400, refusal.format(path=path))
             parsed.append((path, value, equal))
         return cls(tuple(parsed), tuple(_label_term(t) for t in _TERMS.split(labels) if t.strip()))
 
@@ -389,7 +442,18 @@ class Kind:
     kind: str
     api_version: str
     namespaced: bool
-    fields: frozenset[str]
+    fields: frozenset[str]  # the field selectors it takes
+    refusal: str = 'field label not supported: "{path}"'  # of any other field selector
+    checked: bool = False  # decoded and validated as the real server does (resource.k8s.io)
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def qualified(self) -> str:
+        """``resourceclaims.resource.k8s.io``: how the server's messages name it."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
 
 
 PODS = Kind(
@@ -438,7 +502,35 @@ LEASES = Kind(
     True,
     frozenset({"metadata.name", "metadata.namespace"}),
 )
-KINDS = {k.resource: k for k in (PODS, NODES, EVENTS, SLICES, LEASES)}
+DRA_VERSION = "resource.k8s.io/v1"
+_META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+_META_REFUSAL = '"{path}" is not a known field selector: only "metadata.name", "metadata.namespace"'
+DEVICE_CLASSES = Kind(
+    "deviceclasses", "DeviceClass", DRA_VERSION, False, _META_FIELDS, _META_REFUSAL, True
+)
+RESOURCE_SLICES = Kind(
+    "resourceslices",
+    "ResourceSlice",
+    DRA_VERSION,
+    False,
+    frozenset({"metadata.name", "spec.nodeName", "spec.driver"}),
+    "field label not supported for resource.k8s.io/v1, Kind=ResourceSlice: {path}",
+    True,
+)
+RESOURCE_CLAIMS = Kind(
+    "resourceclaims", "ResourceClaim", DRA_VERSION, True, _META_FIELDS, _META_REFUSAL, True
+)
+CLAIM_TEMPLATES = Kind(
+    "resourceclaimtemplates",
+    "ResourceClaimTemplate",
+    DRA_VERSION,
+    True,
+    _META_FIELDS,
+    _META_REFUSAL,
+    True,
+)
+DRA_KINDS = (DEVICE_CLASSES, RESOURCE_SLICES, RESOURCE_CLAIMS, CLAIM_TEMPLATES)
+KINDS = {k.resource: k for k in (PODS, NODES, EVENTS, SLICES, LEASES, *DRA_KINDS)}
 Key = tuple[str, str]  # (namespace, name); namespace "" for nodes
 
 
@@ -525,6 +617,635 @@ def _pod_spec_frozen(spec: Obj) -> Obj:
         if key in frozen:
             frozen[key] = [{k: v for k, v in c.items() if k != "image"} for c in frozen[key]]
     return frozen
+
+
+# -- resource.k8s.io/v1: decoding and validation --------------------------------------------
+#
+# A write of a resource.k8s.io object goes through the real server's two stages: decoding,
+# whose failures are 400s (a value of the wrong JSON type, a quantity or a time that does not
+# parse, and, with ``fieldValidation=Strict``, an unknown field), then validation, whose
+# failures are one 422 ``Invalid`` listing every field error. The schema part of both comes
+# from the strict JSON schemas of the ``kubernetes-validate`` package for one Kubernetes
+# version; the checks a schema cannot express follow k8s.io/kubernetes
+# pkg/apis/resource/validation (limits from k8s.io/api/resource/v1 types.go).
+
+FIELD_VALIDATIONS = ("Strict", "Warn", "Ignore")
+MAX_DEVICES = 128
+MAX_DEVICES_TAINTED = 64  # when any device of the slice has taints or consumes counters
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_VALID_VALUES = 10
+MAX_BINDING_CONDITIONS = 4  # and as many binding failure conditions
+MAX_TAINTS = 16
+MAX_DEVICE_CONDITIONS = 8
+MAX_ALLOCATION_RESULTS = 32
+MAX_RESERVED_FOR = 256
+_TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
+_CONDITION_STATUSES = ("False", "True", "Unknown")
+_QUANTITY_DEF = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+_MAP_FIELDS = frozenset(
+    {"annotations", "attributes", "capacity", "consumedCapacity", "counters", "labels"}
+    | {"nodeAllocatableResourceMappings", "nodeAllocatableResources", "requests"}
+)  # their keys are shown as [key] in field paths, as Go's field.Path.Key does
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+_REASON_RULE = (
+    "a condition reason must start with alphabetic character, optionally followed by a string "
+    "of alphanumeric characters or '_,:', and must end with an alphanumeric character or '_' "
+    "(e.g. 'my_name',  or 'MY_NAME',  or 'MyName',  or 'ReasonA,ReasonB',  or "
+    "'ReasonA:ReasonB', regex used for validation is '[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?')"
+)
+_QUALIFIED = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$"
+)
+_QUALIFIED_RULE = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and "
+    "end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex "
+    "used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+_GO_TYPES = {"integer": "int64", "number": "float64", "boolean": "bool", "string": "string"}
+_FORMATS = jsonschema.FormatChecker(formats=())
+
+
+@_FORMATS.checks("k8s-quantity", raises=QuantityError)
+def _is_quantity(value: object) -> bool:
+    parse_quantity(value)
+    return True
+
+
+@_FORMATS.checks("date-time", raises=ValueError)
+def _is_time(value: object) -> bool:
+    if isinstance(value, str) and not _RFC3339.match(value):
+        raise ValueError(value)
+    if isinstance(value, str):
+        datetime.fromisoformat(value)  # a real date and time
+    return True
+
+
+def _schema_file(version: str, name: str) -> Any:
+    path = f"kubernetes-json-schema/v{version}.0-local-strict/{name}"
+    return schemas.schema_contents(path, version)
+
+
+@functools.cache
+def kube_versions() -> tuple[str, ...]:
+    """The Kubernetes versions (``1.34`` ...) whose resource.k8s.io/v1 schemas are installed."""
+    found = []
+    for version in dict.fromkeys(schemas.major_minor(v) for v in schemas.all_versions()):
+        try:
+            _schema_file(version, "resourceclaim-resource-v1.json")
+        except (FileNotFoundError, schemas.VersionNotSupportedError):
+            continue
+        found.append(version)
+    return tuple(found)
+
+
+def supported_version(version: str) -> str:
+    """``1.36`` for ``v1.36.2``; a ValueError for a version without those schemas."""
+    wanted = schemas.major_minor(version.removeprefix("v"))
+    if wanted not in kube_versions():
+        installed = ", ".join(kube_versions())
+        raise ValueError(f"no resource.k8s.io/v1 schemas for Kubernetes {version} ({installed})")
+    return wanted
+
+
+@functools.cache
+def _validator(version: str, kind: str) -> jsonschema.Draft202012Validator:
+    """The strict schema of ``kind`` (resource.k8s.io/v1) of Kubernetes ``version``, whose
+    quantities are checked as the server's decoder reads them."""
+    schema = _schema_file(version, f"{kind.lower()}-resource-v1.json")
+    definitions = _schema_file(version, "_definitions.json")
+    quantity = {"type": ["string", "number", "null"], "format": "k8s-quantity"}
+    definitions["$defs"][_QUANTITY_DEF] = quantity
+    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.Draft202012Validator(schema, registry=registry, format_checker=_FORMATS)
+
+
+_CAUSES = {
+    "Required value": "FieldValueRequired",
+    "Invalid value": "FieldValueInvalid",
+    "Unsupported value": "FieldValueNotSupported",
+    "Too many": "FieldValueTooMany",
+    "Duplicate value": "FieldValueDuplicate",
+    "Forbidden": "FieldValueForbidden",
+}
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One error of the server's validation: ``spec.x: Invalid value: 3: why``."""
+
+    path: str
+    type: str  # a key of _CAUSES
+    detail: str = ""
+    value: Any = None
+
+    def body(self) -> str:
+        shown = json.dumps(self.value, separators=(",", ":"), sort_keys=True)
+        text = (
+            self.type if self.type in ("Required value", "Forbidden") else f"{self.type}: {shown}"
+        )
+        return f"{text}: {self.detail}" if self.detail else text
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.body()}"
+
+    def cause(self) -> Obj:
+        return {"reason": _CAUSES[self.type], "message": self.body(), "field": self.path}
+
+
+def required(path: str, detail: str = "") -> FieldError:
+    return FieldError(path, "Required value", detail)
+
+
+def invalid(path: str, value: Any, detail: str) -> FieldError:
+    return FieldError(path, "Invalid value", detail, value)
+
+
+def forbidden(path: str, detail: str) -> FieldError:
+    return FieldError(path, "Forbidden", detail)
+
+
+def too_many(path: str, count: int, limit: int) -> FieldError:
+    return FieldError(path, "Too many", f"must have at most {limit} items", count)
+
+
+def duplicate(path: str, value: Any) -> FieldError:
+    return FieldError(path, "Duplicate value", "", value)
+
+
+def not_supported(path: str, value: Any, supported: Iterable[str]) -> FieldError:
+    listed = ", ".join(json.dumps(s) for s in supported)
+    return FieldError(path, "Unsupported value", f"supported values: {listed}", value)
+
+
+def invalid_object(kind: Kind, name: str, errors: list[FieldError]) -> ApiError:
+    """The 422 ``Invalid`` Status of ``errors``, as the real server words it."""
+    listed = str(errors[0]) if len(errors) == 1 else f"[{', '.join(map(str, errors))}]"
+    details = {
+        "name": name,
+        "group": kind.group,
+        "kind": kind.kind,
+        "causes": [e.cause() for e in errors],
+    }
+    message = f'{kind.kind}.{kind.group} "{name}" is invalid: {listed}'
+    return ApiError(422, message, details=details)
+
+
+def field_path(parts: Iterable[Any]) -> str:
+    """``spec.devices[0].capacity[memory]`` for the JSON path of a value."""
+    text, parent = "", ""
+    for part in parts:
+        if isinstance(part, int) or parent in _MAP_FIELDS:
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+        # a map's key is no field: a value under it is not shown as a key
+        parent = part if isinstance(part, str) and not text.endswith("]") else ""
+    return text
+
+
+@dataclass
+class SchemaReport:
+    """What the schema says of an object, by the stage of the server that would say it."""
+
+    undecodable: list[str] = field(default_factory=list)  # 400s of the decoder
+    unknown: list[tuple[tuple[Any, ...], str]] = field(default_factory=list)  # (parent, key)
+    invalid: list[FieldError] = field(default_factory=list)  # 422s of validation
+
+
+def schema_report(version: str, kind: Kind, obj: Obj) -> SchemaReport:
+    report = SchemaReport()
+    for error in _validator(version, kind.kind).iter_errors(obj):
+        path = tuple(error.absolute_path)
+        check = error.validator
+        if check == "additionalProperties":
+            known = error.schema.get("properties") or {}
+            report.unknown += [(path, key) for key in error.instance if key not in known]
+        elif check in ("type", "format"):
+            report.undecodable.append(_undecodable(kind, path, error))
+        elif check == "required":
+            missing = [k for k in error.validator_value if k not in error.instance]
+            report.invalid += [required(field_path((*path, key))) for key in missing]
+        elif check == "enum":
+            report.invalid.append(
+                not_supported(field_path(path), error.instance, error.validator_value)
+            )
+        else:
+            report.invalid.append(invalid(field_path(path), error.instance, error.message))
+    return report
+
+
+def _undecodable(kind: Kind, path: tuple[Any, ...], error: jsonschema.ValidationError) -> str:
+    where, value = field_path(path), error.instance
+    if error.validator_value == "k8s-quantity":
+        detail = QUANTITY_FORMAT
+    elif error.validator == "format":
+        detail = f'parsing time {json.dumps(value)} as "2006-01-02T15:04:05Z07:00": cannot parse'
+    else:
+        wanted = [t for t in _listed(error.validator_value) if t != "null"]
+        go_type = _GO_TYPES.get(wanted[0], "struct") if wanted else "struct"
+        detail = (
+            f"json: cannot unmarshal {_json_type(value)} into Go struct field {where} "
+            f"of type {go_type}"
+        )
+    return f'{kind.kind} in version "v1" cannot be handled as a {kind.kind}: {detail}'
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    names = {str: "string", list: "array", dict: "object"}
+    return next((n for t, n in names.items() if isinstance(value, t)), "null")
+
+
+def _dedupe(errors: list[FieldError]) -> list[FieldError]:
+    """One error per field and type: the first (the server's checks come before the
+    schema's plainer ``Required value``)."""
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    for error in errors:
+        if (error.path, error.type) not in seen:
+            seen.add((error.path, error.type))
+            kept.append(error)
+    return kept
+
+
+def _duplicates(keys: Iterable[Any], at: str, suffix: str = "") -> list[FieldError]:
+    """A ``Duplicate value`` at ``at[i]<suffix>`` for every key seen before."""
+    seen: set[Any] = set()
+    errors = []
+    for i, key in enumerate(keys):
+        if key in seen:
+            errors.append(duplicate(f"{at}[{i}]{suffix}", key))
+        seen.add(key)
+    return errors
+
+
+def _qualified_name_errors(name: str, at: str) -> list[FieldError]:
+    if not name:
+        return [invalid(at, name, "name part must be non-empty")]
+    return [] if _QUALIFIED.match(name) else [invalid(at, name, _QUALIFIED_RULE)]
+
+
+# ResourceSlice
+
+
+def slice_errors(obj: Obj, old: Obj | None) -> list[FieldError]:
+    spec = obj.get("spec") or {}
+    errors = _node_selection_errors(spec) + _pool_errors(spec.get("pool") or {})
+    if old is not None:
+        before = old.get("spec") or {}
+        for keys in (("driver",), ("pool", "name"), ("nodeName",)):
+            if _nested(spec, keys) != _nested(before, keys):
+                errors.append(invalid(field_path(("spec", *keys)), _nested(spec, keys), IMMUTABLE))
+    return errors + _devices_errors([d or {} for d in spec.get("devices") or []])
+
+
+IMMUTABLE = "field is immutable"
+
+
+def _nested(obj: Obj, keys: Iterable[str]) -> Any:
+    value: Any = obj
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _node_selection_errors(spec: Obj) -> list[FieldError]:
+    one_of = (
+        "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` "
+        "is required"
+    )
+    chosen, errors = [], []
+    for key in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection"):
+        value = spec.get(key)
+        if value in ("", False):
+            why = "a non-empty string" if key == "nodeName" else "true"
+            errors.append(invalid(f"spec.{key}", value, f"must be either unset or set to {why}"))
+        elif value is not None:
+            chosen.append(f"`{key}`")
+    if not chosen:
+        errors.append(required("spec", one_of))
+    elif len(chosen) > 1:
+        listed = "{" + ", ".join(chosen) + "}"
+        errors.append(invalid("spec", listed, f"{one_of}, but multiple fields are set"))
+    return errors
+
+
+def _pool_errors(pool: Obj) -> list[FieldError]:
+    errors = []
+    if (count := pool.get("resourceSliceCount") or 0) <= 0:
+        errors.append(invalid("spec.pool.resourceSliceCount", count, "must be greater than zero"))
+    if (generation := pool.get("generation") or 0) < 0:
+        why = "must be greater than or equal to zero"
+        errors.append(invalid("spec.pool.generation", generation, why))
+    return errors
+
+
+def _devices_errors(devices: list[Obj]) -> list[FieldError]:
+    at = "spec.devices"
+    tainted = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+    limit = MAX_DEVICES_TAINTED if tainted else MAX_DEVICES
+    if len(devices) > limit:
+        return [too_many(at, len(devices), limit)]  # and nothing else, as the server does
+    errors = [e for i, d in enumerate(devices) for e in _device_errors(d, f"{at}[{i}]")]
+    return errors + _duplicates([d.get("name") for d in devices], at)
+
+
+def _device_errors(device: Obj, at: str) -> list[FieldError]:
+    capacities = device.get("capacity") or {}
+    errors = []
+    count = len(device.get("attributes") or {}) + len(capacities)
+    if count > MAX_ATTRIBUTES_AND_CAPACITIES:
+        limit = MAX_ATTRIBUTES_AND_CAPACITIES
+        why = f"the total number of attributes and capacities must not exceed {limit}"
+        errors.append(invalid(at, count, why))
+    shared = device.get("allowMultipleAllocations") is True
+    for name, capacity in capacities.items():
+        errors += _capacity_errors(capacity or {}, f"{at}.capacity[{name}]", shared)
+    errors += _taint_errors([t or {} for t in device.get("taints") or []], f"{at}.taints")
+    return errors + _binding_errors(device, at)
+
+
+def _capacity_errors(capacity: Obj, at: str, shared: bool) -> list[FieldError]:
+    policy = capacity.get("requestPolicy")
+    if policy is None:
+        return []
+    if not shared:
+        return [forbidden(f"{at}.requestPolicy", "allowMultipleAllocations must be true")]
+    return _policy_errors(capacity.get("value"), policy, f"{at}.requestPolicy")
+
+
+def _policy_errors(value: Any, policy: Obj, at: str) -> list[FieldError]:
+    values, bounds, default = (
+        policy.get("validValues") or [],
+        policy.get("validRange"),
+        policy.get("default"),
+    )
+    if values and bounds is not None:
+        both = (
+            "exactly one policy can be specified, "
+            'cannot specify "validValues" and "validRange" at the same time'
+        )
+        return [forbidden(at, both)]
+    if not values and bounds is None:
+        return []
+    if default is None:
+        which = "validValues" if values else "validRange"
+        return [required(f"{at}.default", f"required when {which} is defined")]
+    if values:
+        return _valid_values_errors(default, value, values, f"{at}.validValues")
+    return _range_errors(default, value, bounds, f"{at}.validRange")
+
+
+def _valid_values_errors(default: Any, value: Any, values: list[Any], at: str) -> list[FieldError]:
+    amounts = [parse_quantity(v) for v in values]
+    errors = [
+        invalid(f"{at}[{i}]", str(values[i]), "values must be sorted in ascending order")
+        for i in range(1, len(amounts))
+        if amounts[i - 1] > amounts[i]
+    ]
+    if len(values) > MAX_VALID_VALUES:
+        errors.append(too_many(at, len(values), MAX_VALID_VALUES))
+    else:
+        errors += _option_errors(values, amounts, value, at)
+    if len(values) > MAX_VALID_VALUES or parse_quantity(default) not in amounts:
+        why = "default value is not valid according to the requestPolicy"
+        errors.append(invalid(at, str(default), why))
+    return errors
+
+
+def _option_errors(
+    values: list[Any], amounts: list[Fraction], value: Any, at: str
+) -> list[FieldError]:
+    capacity = parse_quantity(value)
+    errors = [
+        invalid(f"{at}[{i}]", str(text), f"option is larger than capacity value: {value}")
+        for i, (text, amount) in enumerate(zip(values, amounts, strict=True))
+        if amount > capacity
+    ]
+    return errors + _duplicates([str(integer_value(a)) for a in amounts], at)
+
+
+def _range_errors(default: Any, value: Any, bounds: Obj, at: str) -> list[FieldError]:
+    if bounds.get("min") is None:
+        return [required(f"{at}.min", "required when validRange is defined")]
+    text = {key: bounds.get(key) for key in ("min", "max", "step")}
+    text |= {"default": default, "value": value}
+    q = {key: parse_quantity(v) for key, v in text.items()}
+    rules = [  # (broken, the field named, the value shown, why)
+        (q["min"] < 0, "min", "min", "must be greater than or equal to zero"),
+        (q["min"] > q["value"], "min", "min", f"min is larger than capacity value: {value}"),
+        (q["default"] < q["min"], "min", "default", f"default is less than min: {text['min']}"),
+    ]
+    if text["max"] is not None:
+        rules += [
+            (q["min"] > q["max"], "max", "min", f"min is larger than max: {text['max']}"),
+            (q["max"] > q["value"], "max", "max", f"max is larger than capacity value: {value}"),
+            (q["default"] > q["max"], "max", "default", f"default is more than max: {text['max']}"),
+        ]
+    errors = [
+        invalid(f"{at}.{name}", str(text[shown]), why)
+        for broken, name, shown, why in rules
+        if broken
+    ]
+    if text["step"] is not None:
+        errors += _step_errors(text, q, f"{at}.step")
+    return errors
+
+
+def _step_errors(text: Obj, q: dict[str, Fraction], at: str) -> list[FieldError]:
+    step, low = integer_value(q["step"]), integer_value(q["min"])
+    if step <= 0:
+        return [invalid(at, str(text["step"]), "must be greater than zero")]
+    errors = []
+    if q["min"] + q["step"] > q["value"]:
+        one_step = render(q["min"] + q["step"])
+        why = f"one step {one_step} is larger than capacity value: {text['value']}"
+        errors.append(invalid(at, str(text["step"]), why))
+    for key in ("default", "max"):
+        if text[key] is not None and (integer_value(q[key]) - low) % step:
+            why = f"value is not a multiple of a given step ({text['step']}) from ({text['min']})"
+            errors.append(invalid(at, str(text[key]), why))
+    return errors
+
+
+def _taint_errors(taints: list[Obj], at: str) -> list[FieldError]:
+    if len(taints) > MAX_TAINTS:
+        return [too_many(at, len(taints), MAX_TAINTS)]
+    errors = []
+    for i, taint in enumerate(taints):
+        errors += _qualified_name_errors(taint.get("key") or "", f"{at}[{i}].key")
+        effect = taint.get("effect") or ""
+        if not effect:
+            errors.append(required(f"{at}[{i}].effect"))
+        elif effect not in _TAINT_EFFECTS:
+            errors.append(not_supported(f"{at}[{i}].effect", effect, _TAINT_EFFECTS))
+    return errors
+
+
+def _binding_errors(holder: Obj, at: str) -> list[FieldError]:
+    """The binding conditions of a device or of an allocation result."""
+    conditions = holder.get("bindingConditions") or []
+    failures = holder.get("bindingFailureConditions") or []
+    errors = _condition_names_errors(conditions, f"{at}.bindingConditions")
+    errors += _condition_names_errors(failures, f"{at}.bindingFailureConditions")
+    overlap = "bindingFailureConditions must not overlap with bindingConditions"
+    errors += [
+        invalid(f"{at}.bindingFailureConditions[{i}]", name, overlap)
+        for i, name in enumerate(failures)
+        if name in conditions
+    ]
+    if failures and not conditions:
+        why = "bindingConditions are required to use bindingFailureConditions"
+        errors.append(invalid(f"{at}.bindingConditions", holder.get("bindingConditions"), why))
+    if conditions and not failures:
+        why = "bindingFailureConditions are required to use bindingConditions"
+        errors.append(
+            invalid(f"{at}.bindingFailureConditions", holder.get("bindingFailureConditions"), why)
+        )
+    return errors
+
+
+def _condition_names_errors(names: list[str], at: str) -> list[FieldError]:
+    if len(names) > MAX_BINDING_CONDITIONS:
+        errors = [too_many(at, len(names), MAX_BINDING_CONDITIONS)]
+    else:
+        errors = [
+            e for i, n in enumerate(names) for e in _qualified_name_errors(n or "", f"{at}[{i}]")
+        ]
+    return errors + _duplicates(names, at)
+
+
+# ResourceClaim, ResourceClaimTemplate, DeviceClass
+
+
+def claim_errors(obj: Obj, old: Obj | None) -> list[FieldError]:
+    status = obj.get("status") or {}
+    before = (old or {}).get("status") or {}
+    errors = _immutable_spec(obj, old)
+    errors += _allocation_errors(status.get("allocation"), before.get("allocation"))
+    return errors + _reserved_for_errors(status) + _device_status_errors(status)
+
+
+def template_errors(obj: Obj, old: Obj | None) -> list[FieldError]:
+    return _immutable_spec(obj, old)
+
+
+def class_errors(_obj: Obj, _old: Obj | None) -> list[FieldError]:
+    return []  # nothing past the schema (the server compiles CEL selectors; not here)
+
+
+def _immutable_spec(obj: Obj, old: Obj | None) -> list[FieldError]:
+    if old is None or obj.get("spec") == old.get("spec"):
+        return []
+    return [invalid("spec", obj.get("spec"), IMMUTABLE)]
+
+
+def _allocation_errors(allocation: Obj | None, before: Obj | None) -> list[FieldError]:
+    at = "status.allocation"
+    if allocation is None:
+        return []
+    if before is not None:
+        return [] if allocation == before else [invalid(at, allocation, IMMUTABLE)]
+    results = [r or {} for r in (allocation.get("devices") or {}).get("results") or []]
+    if len(results) > MAX_ALLOCATION_RESULTS:
+        return [too_many(f"{at}.devices.results", len(results), MAX_ALLOCATION_RESULTS)]
+    return [
+        e for i, r in enumerate(results) for e in _binding_errors(r, f"{at}.devices.results[{i}]")
+    ]
+
+
+def _reserved_for_errors(status: Obj) -> list[FieldError]:
+    at = "status.reservedFor"
+    reserved = [r or {} for r in status.get("reservedFor") or []]
+    if len(reserved) > MAX_RESERVED_FOR:
+        return [too_many(at, len(reserved), MAX_RESERVED_FOR)]
+    errors = [
+        required(f"{at}[{i}].{key}")
+        for i, ref in enumerate(reserved)
+        for key in ("resource", "name", "uid")
+        if not ref.get(key)
+    ]
+    errors += _duplicates([r.get("uid") for r in reserved], at)
+    if reserved and status.get("allocation") is None:
+        errors.append(forbidden(at, "may not be specified when `allocated` is not set"))
+    return errors
+
+
+def _device_status_errors(status: Obj) -> list[FieldError]:
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    allocated = {_device_id(r or {}) for r in results}
+    entries = [e or {} for e in status.get("devices") or []]
+    errors = []
+    for i, entry in enumerate(entries):
+        if (device := _device_id(entry)) not in allocated:
+            errors.append(
+                invalid(f"status.devices[{i}]", device, "must be an allocated device in the claim")
+            )
+        errors += _conditions_errors(
+            [c or {} for c in entry.get("conditions") or []], f"status.devices[{i}].conditions"
+        )
+    return errors + _duplicates([_device_id(e) for e in entries], "status.devices")
+
+
+def _device_id(entry: Obj) -> str:
+    """``driver/pool/device``, then ``/shareID`` for a share of a device."""
+    parts = [entry.get("driver") or "", entry.get("pool") or "", entry.get("device") or ""]
+    return "/".join(parts + ([entry["shareID"]] if entry.get("shareID") else []))
+
+
+def _conditions_errors(conditions: list[Obj], at: str) -> list[FieldError]:
+    errors = []
+    if len(conditions) > MAX_DEVICE_CONDITIONS:
+        errors.append(too_many(at, len(conditions), MAX_DEVICE_CONDITIONS))
+    errors += [e for i, c in enumerate(conditions) for e in _condition_errors(c, f"{at}[{i}]")]
+    return errors + _duplicates([c.get("type") for c in conditions], at, ".type")
+
+
+def _condition_errors(condition: Obj, at: str) -> list[FieldError]:
+    """metav1.Condition, as ValidateConditions checks one."""
+    errors = _qualified_name_errors(condition.get("type") or "", f"{at}.type")
+    if (status := condition.get("status") or "") not in _CONDITION_STATUSES:
+        errors.append(not_supported(f"{at}.status", status, _CONDITION_STATUSES))
+    if (generation := condition.get("observedGeneration") or 0) < 0:
+        errors.append(
+            invalid(f"{at}.observedGeneration", generation, "must be greater than or equal to zero")
+        )
+    if not condition.get("lastTransitionTime"):
+        errors.append(required(f"{at}.lastTransitionTime", "must be set"))
+    if not (reason := condition.get("reason") or ""):
+        errors.append(required(f"{at}.reason", "must be set"))
+    elif not _REASON.match(reason):
+        errors.append(invalid(f"{at}.reason", reason, _REASON_RULE))
+    return errors
+
+
+_CHECKS: dict[str, Callable[[Obj, Obj | None], list[FieldError]]] = {
+    "deviceclasses": class_errors,
+    "resourceslices": slice_errors,
+    "resourceclaims": claim_errors,
+    "resourceclaimtemplates": template_errors,
+}
+
+
+@dataclass
+class Call:
+    """What one request asks of the decoder (``fieldValidation``) and the warnings it earns
+    (sent as ``Warning`` headers)."""
+
+    field_validation: str
+    warnings: list[str] = field(default_factory=list)
+
+
+_CALL: contextvars.ContextVar[Call] = contextvars.ContextVar("fake_apiserver_call")
 
 
 @dataclass
@@ -633,10 +1354,20 @@ class FakeApiServer:
         token: str = "",
         history: int = 1000,
         ssl_context: ssl.SSLContext | None = None,
+        kube_version: str = "1.36",
+        field_validation: str = "Strict",
     ) -> None:
+        """``kube_version``: whose resource.k8s.io/v1 schemas validate writes (see
+        :func:`kube_versions`). ``field_validation``: how a write of a resource.k8s.io object
+        that names no ``fieldValidation`` is decoded (the real server's default is ``Warn``,
+        kubectl sends ``Strict``)."""
+        if field_validation not in FIELD_VALIDATIONS:
+            raise ValueError(f"field_validation: one of {FIELD_VALIDATIONS}")
         self.token = token
+        self.kube_version = supported_version(kube_version)
+        self.field_validation = field_validation
         self.version = 0
-        self.objects: dict[str, dict[Key, Obj]] = {resource: {} for resource in KINDS}
+        self.objects = Store({resource: {} for resource in KINDS})
         self.history: deque[Change] = deque(maxlen=history)
         self.floor = 0  # a watch from a version below this one has expired
         self.requests: Counter[str] = Counter()  # by Kubernetes verb: get, list, watch, ...
@@ -705,7 +1436,30 @@ class FakeApiServer:
         leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         add("POST", leases, partial(self._create, LEASES))
         add("GET", leases + "/{name}", partial(self._get, LEASES))
-        add("PUT", leases + "/{name}", partial(self._replace, LEASES))
+        add("PUT", leases + "/{name}", partial(self._replace, LEASES, ""))
+        self._dra_routes()
+
+    def _dra_routes(self) -> None:
+        """resource.k8s.io/v1: every verb on the four kinds, ResourceClaim's ``/status``."""
+        add = self.app.router.add_route
+        group = f"/apis/{DRA_VERSION}"
+        for kind in DRA_KINDS:
+            collection = f"{group}/{kind.resource}"
+            if kind.namespaced:
+                add("GET", collection, partial(self._list, kind))  # all namespaces
+                collection = f"{group}/namespaces/{{namespace}}/{kind.resource}"
+            add("GET", collection, partial(self._list, kind))
+            add("POST", collection, partial(self._create, kind))
+            add("DELETE", collection, partial(self._delete_collection, kind))
+            item = collection + "/{name}"
+            add("GET", item, partial(self._get, kind))
+            add("PUT", item, partial(self._replace, kind, ""))
+            add("PATCH", item, partial(self._patch, kind, ""))
+            add("DELETE", item, partial(self._delete_object, kind))
+        status = f"{group}/namespaces/{{namespace}}/resourceclaims/{{name}}/status"
+        add("GET", status, partial(self._get, RESOURCE_CLAIMS))
+        add("PUT", status, partial(self._replace, RESOURCE_CLAIMS, "status"))
+        add("PATCH", status, partial(self._patch, RESOURCE_CLAIMS, "status"))
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -751,6 +1505,19 @@ class FakeApiServer:
         return ApiError(fault.status, fault.message, fault.reason).response()
 
     async def _serve(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The handler's answer, with a ``Warning`` header for each warning it earned."""
+        call = Call(request.query.get("fieldValidation") or self.field_validation)
+        token = _CALL.set(call)
+        try:
+            response = await self._answer(request, handler)
+        finally:
+            _CALL.reset(token)
+        if not response.prepared:
+            for warning in call.warnings:
+                response.headers.add("Warning", f"299 - {json.dumps(warning)}")
+        return response
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except ApiError as exc:
@@ -770,8 +1537,43 @@ class FakeApiServer:
     def _find(self, kind: Kind, namespace: str, name: str) -> Obj:
         found = self.objects[kind.resource].get((namespace if kind.namespaced else "", name))
         if found is None:
-            raise not_found(kind.resource, name)
+            raise not_found(kind.resource, name, kind.group)
         return found
+
+    def _admit(self, kind: Kind, obj: Obj, old: Obj | None) -> None:
+        """A write of a resource.k8s.io object, as the real server takes it: decoded (a 400 for
+        a wrong type, a quantity or time that does not parse; unknown fields refused, dropped
+        with a warning or dropped, as ``fieldValidation`` says), then validated (a 422 naming
+        every field in error)."""
+        call = _CALL.get(None) or Call(self.field_validation)
+        if call.field_validation not in FIELD_VALIDATIONS:
+            listed = ", ".join(FIELD_VALIDATIONS)
+            raise ApiError(
+                400, f"fieldValidation must be one of {listed}, not {call.field_validation!r}"
+            )
+        report = schema_report(self.kube_version, kind, obj)
+        if report.undecodable:
+            raise ApiError(400, report.undecodable[0])
+        _drop_unknown(obj, report.unknown, call)
+        errors = _dedupe(_CHECKS[kind.resource](obj, old) + report.invalid)
+        if errors:
+            raise invalid_object(kind, obj["metadata"].get("name", ""), errors)
+
+    def _admit_new(self, kind: Kind, obj: Obj, keep_status: bool) -> None:
+        """A new resource.k8s.io object: generation 1, a claim's status dropped (unless
+        ``keep_status``), then :meth:`_admit`."""
+        if kind is RESOURCE_CLAIMS and not keep_status:
+            obj["status"] = {}
+        obj["metadata"]["generation"] = 1
+        self._admit(kind, obj, None)
+
+    def _generated_name(self, kind: Kind, namespace: str, prefix: str) -> str:
+        """``generateName`` + 5 characters of the server's alphabet, a name not taken."""
+        while True:
+            suffix = "".join(secrets.choice(_GENERATED_ALPHABET) for _ in range(5))
+            name = prefix[:_GENERATED_PREFIX_MAX] + suffix
+            if (namespace, name) not in self.objects[kind.resource]:
+                return name
 
     def _commit(self, kind: Kind, change_type: str, obj: Obj, old: Obj | None = None) -> Obj:
         """Store one write under the next resourceVersion; send it to the watchers."""
@@ -791,27 +1593,30 @@ class FakeApiServer:
                 watcher.queue.put_nowait(_line(event, change))
         return _copy(obj)
 
-    def _insert(self, kind: Kind, namespace: str, body: Any) -> Obj:
+    def _insert(self, kind: Kind, namespace: str, body: Any, *, keep_status: bool = False) -> Obj:
+        """A create. The real server drops a new ResourceClaim's ``status``; with
+        ``keep_status`` (a test's object put in place) it stays."""
         if not isinstance(body, dict):
             raise ApiError(400, f"the object provided is not a {kind.kind}")
         obj = _copy(body)
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
         meta = obj.setdefault("metadata", {})
         if kind.namespaced and meta.setdefault("namespace", namespace) != namespace:
-            raise ApiError(
-                400,
-                "the namespace of the provided object does not match the namespace sent on "
-                "the request",
-            )
+            raise ApiError(400, NAMESPACE_MISMATCH)
+        if not kind.namespaced:
+            meta.pop("namespace", None)
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+            meta["name"] = self._generated_name(kind, namespace, meta["generateName"])
         name = meta.get("name", "")
         if not name or not _NAME.match(name):
             why = "Required value: name or generateName is required" if not name else "Invalid"
             raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata.name: {why}')
-        key = (meta.get("namespace", ""), name)
-        if key in self.objects[kind.resource]:
-            raise ApiError(409, f'{kind.resource} "{name}" already exists', "AlreadyExists")
+        if kind.checked:
+            self._admit_new(kind, obj, keep_status)
+        if (meta.get("namespace", ""), name) in self.objects[kind.resource]:
+            details = {"name": name, **({"group": kind.group} if kind.group else {})}
+            message = f'{kind.qualified} "{name}" already exists'
+            raise ApiError(409, message, "AlreadyExists", {**details, "kind": kind.resource})
         if kind is PODS:
             if not (obj.get("spec") or {}).get("containers"):
                 raise ApiError(422, f'Pod "{name}" is invalid: spec.containers: Required value')
@@ -821,8 +1626,8 @@ class FakeApiServer:
         return self._commit(kind, "ADDED", obj)
 
     def _update(self, kind: Kind, stored: Obj, new: Obj) -> Obj:
-        """Write ``new`` over ``stored`` (no-op writes are skipped); delete a pod being
-        deleted once its finalizers are gone."""
+        """Write ``new`` over ``stored`` (no-op writes are skipped); delete an object being
+        deleted once its finalizers are gone. resource.k8s.io objects are checked first."""
         meta, old_meta = new["metadata"], stored["metadata"]
         for key in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"):
             if key in old_meta:
@@ -830,6 +1635,10 @@ class FakeApiServer:
             else:
                 meta.pop(key, None)
         meta["resourceVersion"] = old_meta["resourceVersion"]
+        if kind.checked:
+            self._admit(kind, new, stored)
+            changed = new.get("spec") != stored.get("spec")
+            meta["generation"] = old_meta.get("generation", 1) + int(changed)
         if new == stored:
             return _copy(stored)
         if old_meta.get("deletionTimestamp") and not (meta.get("finalizers") or []):
@@ -841,9 +1650,7 @@ class FakeApiServer:
     async def _list(self, kind: Kind, request: web.Request) -> web.StreamResponse:
         q = request.query
         namespace = request.match_info.get("namespace", "")
-        selector = Selector.parse(
-            q.get("fieldSelector", ""), q.get("labelSelector", ""), kind.fields
-        )
+        selector = _selector(kind, q)
         if _flag(q.get("watch")):
             return await self._watch(kind, namespace, selector, request)
         version = q.get("resourceVersion", "")
@@ -855,19 +1662,28 @@ class FakeApiServer:
                 )
             if q.get("resourceVersionMatch") == "Exact" and wanted != self.version:
                 raise ApiError(410, f"too old resource version: {wanted} ({self.version})")
-        items = []
-        for (ns, _), obj in sorted(self.objects[kind.resource].items()):
-            if (not namespace or ns == namespace) and selector.matches(obj):
-                # serialized below before anything can change it: no copy needed
-                items.append({k: v for k, v in obj.items() if k not in ("kind", "apiVersion")})
-        return web.json_response(
-            {
-                "kind": f"{kind.kind}List",
-                "apiVersion": kind.api_version,
-                "metadata": {"resourceVersion": str(self.version)},
-                "items": items,
-            }
-        )
+        # serialized before anything can change them: no copies needed
+        return web.json_response(self._list_of(kind, self._matching(kind, namespace, selector)))
+
+    def _matching(self, kind: Kind, namespace: str, selector: Selector) -> list[Obj]:
+        """The stored objects in ``namespace`` (all: "") that ``selector`` selects, in
+        (namespace, name) order."""
+        return [
+            obj
+            for (ns, _), obj in sorted(self.objects[kind.resource].items())
+            if (not namespace or ns == namespace) and selector.matches(obj)
+        ]
+
+    def _list_of(self, kind: Kind, objects: Iterable[Obj]) -> Obj:
+        """A ``<Kind>List`` (its items have no kind/apiVersion) at the current version."""
+        return {
+            "kind": f"{kind.kind}List",
+            "apiVersion": kind.api_version,
+            "metadata": {"resourceVersion": str(self.version)},
+            "items": [
+                {k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in objects
+            ],
+        }
 
     async def _watch(
         self, kind: Kind, namespace: str, selector: Selector, request: web.Request
@@ -878,9 +1694,8 @@ class FakeApiServer:
         version = q.get("resourceVersion", "")
         backlog: list[bytes] = []
         if version in ("", "0"):
-            for (ns, _), obj in sorted(self.objects[kind.resource].items()):
-                if (not namespace or ns == namespace) and selector.matches(obj):
-                    backlog.append(_encoded({"type": "ADDED", "object": obj}))
+            for obj in self._matching(kind, namespace, selector):
+                backlog.append(_encoded({"type": "ADDED", "object": obj}))
         elif (since := _int(version, "resourceVersion")) < self.floor:
             message = f"too old resource version: {since} ({self.floor + 1})"
             backlog.append(
@@ -927,24 +1742,33 @@ class FakeApiServer:
             self._insert(kind, request.match_info.get("namespace", ""), body), status=201
         )
 
-    async def _replace(self, kind: Kind, request: web.Request) -> web.StreamResponse:
+    async def _replace(
+        self, kind: Kind, subresource: str, request: web.Request
+    ) -> web.StreamResponse:
         """PUT: the whole object; a ``metadata.resourceVersion`` other than the stored one
-        is a 409 (none: an unconditional update, as leases allow)."""
+        is a 409 (none: an unconditional update, as these kinds allow). The main resource
+        keeps the stored ``status``; ``/status`` takes only ``status``."""
         m = request.match_info
-        name = m["name"]
+        name, namespace = m["name"], m.get("namespace", "")
         body = await _json(request)
-        stored = self._find(kind, m.get("namespace", ""), name)
+        stored = self._find(kind, namespace, name)
         meta = body.get("metadata") if isinstance(body, dict) else None
         if not isinstance(meta, dict):
             raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata: Required value')
         if meta.get("name") != name:
             raise ApiError(400, "the name of the object does not match the name on the URL")
+        if kind.namespaced and meta.get("namespace", namespace) != namespace:
+            raise ApiError(400, NAMESPACE_MISMATCH)
         version = meta.get("resourceVersion")
         if version and version != stored["metadata"]["resourceVersion"]:
-            raise conflict(f"{kind.resource}.coordination.k8s.io", name, MODIFIED_WHY)
+            raise conflict(kind.qualified, name, MODIFIED_WHY)
+        _check_preconditions(kind, stored, {"uid": meta.get("uid")})
         new = _copy(body)
-        new["kind"], new["apiVersion"] = kind.kind, kind.api_version
-        new["metadata"].setdefault("namespace", stored["metadata"].get("namespace", ""))
+        if kind.namespaced:
+            new["metadata"]["namespace"] = namespace
+        else:
+            new["metadata"].pop("namespace", None)
+        new = _with_subresource(kind, stored, new, subresource)
         return web.json_response(self._update(kind, stored, new))
 
     async def _patch(
@@ -968,7 +1792,7 @@ class FakeApiServer:
             raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata: Required value')
         version = meta.get("resourceVersion")
         if version and version != stored["metadata"]["resourceVersion"]:
-            raise conflict(kind.resource, name, MODIFIED_WHY)
+            raise conflict(kind.qualified, name, MODIFIED_WHY)
         for key in ("name", "namespace"):
             if meta.get(key, "") != stored["metadata"].get(key, ""):
                 raise ApiError(400, f"the {key} of the object does not match the {key} on the URL")
@@ -976,16 +1800,39 @@ class FakeApiServer:
             raise ApiError(
                 422, f'{kind.kind} "{name}" is invalid: metadata.uid: field is immutable'
             )
-        if sub == "status":
-            new = {**_copy(stored), "status": patched.get("status") or {}}
-        else:
-            new = {**patched, "status": _copy(stored.get("status") or {})}
-            if "status" not in stored:
-                new.pop("status")
-        new["kind"], new["apiVersion"] = kind.kind, kind.api_version
+        new = _with_subresource(kind, stored, patched, sub)
         if kind is PODS:
             _check_pod_update(stored, new)
         return self._update(kind, stored, new)
+
+    async def _delete_object(self, kind: Kind, request: web.Request) -> web.StreamResponse:
+        """DELETE of one object (not a pod): ``preconditions`` (uid, resourceVersion) in the
+        DeleteOptions body are 409s when they do not match."""
+        m = request.match_info
+        options = await _delete_options(request)
+        stored = self._find(kind, m.get("namespace", ""), m["name"])
+        _check_preconditions(kind, stored, options.get("preconditions") or {})
+        return web.json_response(self._remove(kind, stored))
+
+    async def _delete_collection(self, kind: Kind, request: web.Request) -> web.StreamResponse:
+        """DELETE on a list path (what the kubelet does to a node's ResourceSlices): every
+        selected object; the answer lists them as deleted (or marked, with finalizers)."""
+        await _delete_options(request)
+        selector = _selector(kind, request.query)
+        chosen = self._matching(kind, request.match_info.get("namespace", ""), selector)
+        return web.json_response(self._list_of(kind, [self._remove(kind, o) for o in chosen]))
+
+    def _remove(self, kind: Kind, stored: Obj) -> Obj:
+        """Delete ``stored`` now, or, while it has finalizers, mark it (``deletionTimestamp``)
+        until a write empties them."""
+        meta = stored["metadata"]
+        if not meta.get("finalizers"):
+            return self._commit(kind, "DELETED", stored, _copy(stored))
+        if meta.get("deletionTimestamp"):
+            return _copy(stored)
+        new = _copy(stored)
+        new["metadata"].update(deletionTimestamp=timestamp(), deletionGracePeriodSeconds=0)
+        return self._commit(kind, "MODIFIED", new, _copy(stored))
 
     async def _delete_pod(self, request: web.Request) -> web.StreamResponse:
         m = request.match_info
@@ -1159,6 +2006,31 @@ class FakeApiServer:
         found = self.objects["nodes"].get(("", name))
         return _copy(found) if found else None
 
+    def put_object(self, resource: str, obj: Obj) -> Obj:
+        """Put ``obj`` in place as a controller would have before the test, ``status``
+        included: created (ADDED), or written over the stored one of that name (MODIFIED;
+        its uid kept). Checked as the server checks a write: raises :class:`ApiError` where
+        it would refuse it. A namespaced object without a namespace goes to ``default``."""
+        kind = KINDS[resource]
+        meta = obj.get("metadata") or {}
+        namespace = (meta.get("namespace") or "default") if kind.namespaced else ""
+        stored = self.objects[resource].get((namespace, meta.get("name", "")))
+        if stored is None:
+            return self._insert(kind, namespace, obj, keep_status=True)
+        new = {**_copy(obj), "kind": kind.kind, "apiVersion": kind.api_version}
+        new["metadata"] = {**new.get("metadata", {}), "namespace": namespace}
+        if not kind.namespaced:
+            new["metadata"].pop("namespace")
+        return self._update(kind, stored, new)
+
+    def delete_object(self, resource: str, namespace: str, name: str) -> Obj:
+        """Delete as a DELETE without options does (a pod: with its grace period; any other
+        object at once, or marked while it has finalizers)."""
+        kind = KINDS[resource]
+        if kind is PODS:
+            return self._delete(namespace, name, None, {})
+        return self._remove(kind, self._find(kind, namespace if kind.namespaced else "", name))
+
     def events_for(self, pod_name: str, namespace: str = "") -> list[Obj]:
         """The events about ``pod_name``, in the order they were created."""
         found = [
@@ -1305,14 +2177,90 @@ def _check_pod_update(stored: Obj, new: Obj) -> None:
 
 def _verb(request: web.Request) -> str:
     method = request.method
+    named = "name" in request.match_info
     if method == "GET":
         if _flag(request.query.get("watch")):
             return "watch"
-        named = "name" in request.match_info
         return "get" if named else "list"
+    if method == "DELETE" and not named:
+        return "deletecollection"
     return {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(
         method, method.lower()
     )
+
+
+NAMESPACE_MISMATCH = (
+    "the namespace of the provided object does not match the namespace sent on the request"
+)
+_GENERATED_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the server's: no vowels, no 0, 1, 3
+_GENERATED_PREFIX_MAX = 58  # 63 - 5: the server cuts a longer generateName
+
+
+class Store(dict[str, dict[Key, Obj]]):
+    """The stored objects: by resource, then by (namespace, name) (namespace "" for a
+    cluster-scoped kind). Called with a resource (and a namespace), copies of its objects in
+    (namespace, name) order: ``api.objects("resourceclaims")``."""
+
+    def __call__(self, resource: str, namespace: str | None = None) -> list[Obj]:
+        return [
+            _copy(obj)
+            for (ns, _), obj in sorted(self[resource].items())
+            if namespace is None or ns == namespace
+        ]
+
+
+def _selector(kind: Kind, query: Mapping[str, str]) -> Selector:
+    fields, labels = query.get("fieldSelector", ""), query.get("labelSelector", "")
+    return Selector.parse(fields, labels, kind.fields, kind.refusal)
+
+
+def _check_preconditions(kind: Kind, stored: Obj, preconditions: Mapping[str, Any]) -> None:
+    """A 409 for a ``uid`` or ``resourceVersion`` precondition ``stored`` does not meet."""
+    meta = stored["metadata"]
+    for key, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+        wanted = preconditions.get(key)
+        if wanted and wanted != meta.get(key):
+            why = (
+                f"Precondition failed: {label} in precondition: {wanted}, "
+                f"{label} in object meta: {meta.get(key)}"
+            )
+            raise conflict(kind.qualified, meta["name"], why)
+
+
+def _with_subresource(kind: Kind, stored: Obj, written: Obj, subresource: str) -> Obj:
+    """What a write to the main resource (``written`` but the stored status) or to
+    ``/status`` (the stored object but ``written``'s status) stores."""
+    if subresource == "status":
+        new = {**_copy(stored), "status": written.get("status") or {}}
+    else:
+        new = {**written, "status": _copy(stored.get("status") or {})}
+        if "status" not in stored:
+            new.pop("status")
+    new["kind"], new["apiVersion"] = kind.kind, kind.api_version
+    return new
+
+
+def _drop_unknown(obj: Obj, unknown: list[tuple[tuple[Any, ...], str]], call: Call) -> None:
+    """Fields the schema does not know: a 400 (Strict), or dropped, with a warning (Warn)."""
+    if not unknown:
+        return
+    named = [f'unknown field "{field_path((*path, key))}"' for path, key in unknown]
+    if call.field_validation == "Strict":
+        raise ApiError(400, f"strict decoding error: {', '.join(named)}")
+    for path, key in unknown:
+        parent: Any = obj
+        for part in path:
+            parent = parent[part]
+        parent.pop(key, None)
+    if call.field_validation == "Warn":
+        call.warnings += named
+
+
+async def _delete_options(request: web.Request) -> Obj:
+    body = await _json(request) if request.can_read_body else {}
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body is not DeleteOptions")
+    return body
 
 
 def _flag(text: str | None) -> bool:

@@ -22,7 +22,6 @@ import base64
 import contextlib
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -37,9 +36,10 @@ import grpc
 from agent.api.proto import agent_pb2 as pb
 from agent.client import AgentClient
 from agent.kube.binder import BindOptions
-from agent.kube.rest import RestKubeApi
 from agent.kube.service import ClusterOptions, ClusterSide
+from agent.kubeapi.rest import RestKubeApi
 from agent.nri.wire import TtrpcError
+from tests.agentproc import AgentProcess
 from tests.certs import Pki, make_pki, make_token
 from tests.helpers import agent_command, subprocess_env
 from tests.kube.apiserver import FakeApiServer, Obj, pod_manifest
@@ -66,7 +66,7 @@ async def eventually(predicate: Callable[[], Any], timeout_s: float = 20.0) -> N
 
 
 @dataclass
-class Node:
+class Node(AgentProcess):
     """One simulated GPU node: its agent process and its kubelet."""
 
     name: str
@@ -118,33 +118,6 @@ class Node:
             *sets,
             *self.extra,
         )
-
-    def start(self) -> None:
-        with open(self.root / "agent.log", "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=log
-            )
-
-    def kill(self) -> None:
-        """SIGKILL: no goodbye to anyone."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=30)
-            self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-        self.process = None
-
-    def log_text(self) -> str:
-        path = self.root / "agent.log"
-        return path.read_text(errors="replace") if path.exists() else ""
 
 
 class NodeKubelets:

@@ -33,8 +33,8 @@ from agent.kube.cache import AgentCache
 from agent.kube.controller import LeaseController
 from agent.kube.extender import Extender, build_extender_app
 from agent.kube.line import Line
-from agent.kube.port import Conflict, Gone, KubeError, NotFound, Unanswered
-from agent.kube.rest import RestKubeApi
+from agent.kubeapi.port import Conflict, Gone, KubeError, NotFound, Unanswered
+from agent.kubeapi.rest import RestKubeApi
 from agent.kubelet.port import LEASE_ANNOTATION
 from agent.runtime.app import App, Ports
 from tests.certs import make_token

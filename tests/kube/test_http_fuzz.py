@@ -57,8 +57,8 @@ from agent.kube.agents import AgentLink
 from agent.kube.binder import Binder
 from agent.kube.cache import AgentCache, NodeEntry
 from agent.kube.extender import MAX_ARGS_BYTES, Extender, build_extender_app
-from agent.kube.rest import RestKubeApi
 from agent.kube.webhook import build_webhook_app, tls_context
+from agent.kubeapi.rest import RestKubeApi
 from tests.certs import make_pki
 from tests.kube.apiserver import FakeApiServer
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.kube.leader import LeaderElector, LeaderOptions, Record, verdict
-from agent.kube.rest import RestKubeApi
+from agent.kubeapi.rest import RestKubeApi
 from tests.kube.apiserver import FakeApiServer
 
 LEASE_PATH = r"^/apis/coordination.k8s.io/v1/namespaces/gpushare-system/leases/gpushare-kube-serve$"

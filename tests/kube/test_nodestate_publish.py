@@ -21,7 +21,7 @@ from agent.client import AgentClient, Priority
 from agent.core.units import GIB
 from agent.kube.cache import AgentCache
 from agent.kube.nodestate import CONDITION, READY_LABEL, publish_node_states
-from agent.kube.rest import RestKubeApi
+from agent.kubeapi.rest import RestKubeApi
 from tests.helpers import spawn_agent
 from tests.kube.apiserver import FakeApiServer
 

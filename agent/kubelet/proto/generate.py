@@ -24,7 +24,8 @@ MODULES = tuple(
 )
 
 
-def generate(repo_root: Path, out_root: Path) -> None:
+def compile_protos(repo_root: Path, out_root: Path, protos: tuple[str, ...]) -> None:
+    """protoc with the repository root as the include path: messages, stubs and types."""
     from grpc_tools import protoc  # dev-only dependency
 
     args = [
@@ -33,10 +34,14 @@ def generate(repo_root: Path, out_root: Path) -> None:
         f"--python_out={out_root}",
         f"--pyi_out={out_root}",
         f"--grpc_python_out={out_root}",
-        *(str(repo_root / proto) for proto in PROTOS),
+        *(str(repo_root / proto) for proto in protos),
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
+
+
+def generate(repo_root: Path, out_root: Path) -> None:
+    compile_protos(repo_root, out_root, PROTOS)
 
 
 if __name__ == "__main__":

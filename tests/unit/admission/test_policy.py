@@ -263,3 +263,33 @@ def test_a_lease_becomes_ready_once_and_remembers_when() -> None:
     ready = transition(admitted, LeaseState.READY, at=130.0)
     released = transition(ready, LeaseState.RELEASED, at=500.0)
     assert admitted.ready_at is None and ready.ready_at == 130.0 and released.ready_at == 130.0
+
+
+PIN_CASES = [
+    # (why, leases on GPU-0, pinned device, admitted, device or reason)
+    ("a pinned request goes to its device", [], "GPU-1", True, "GPU-1"),
+    ("even when best fit would pick another", [lease(1, 1)], "GPU-1", True, "GPU-1"),
+    (
+        "a full pinned device refuses; others are not tried",
+        [lease(77, 10)],
+        "GPU-0",
+        False,
+        ReasonCode.NO_MEMORY,
+    ),
+    ("a device the node lacks", [], "GPU-9", False, ReasonCode.DEVICE_UNAVAILABLE),
+]
+
+
+@pytest.mark.parametrize(("why", "leases", "pinned", "admitted", "expected"), PIN_CASES)
+def test_a_request_pinned_to_a_device_is_decided_there_alone(
+    why: str, leases: list[Lease], pinned: str, admitted: bool, expected: object
+) -> None:
+    views = [DeviceView(device(0), tuple(leases)), DeviceView(device(1))]
+    ask = dataclasses.replace(request(1), device_uuid=pinned)
+    decision = decide(ask, views, RULES, now=0.0)
+    assert decision.admitted is admitted, why
+    if admitted:
+        assert decision.device_uuid == expected
+    else:
+        assert decision.reason is expected
+        assert all(a.device_uuid == pinned for a in decision.attempts)

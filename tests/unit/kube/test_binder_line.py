@@ -13,7 +13,7 @@ import pytest
 from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import LEASE_ANNOTATION
 from agent.kube.binder import Binder, BindOptions
-from agent.kube.port import Conflict, KubeError, NotFound, Obj
+from agent.kubeapi.port import Conflict, KubeError, NotFound, Obj
 
 NS = "team"
 

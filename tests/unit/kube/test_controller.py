@@ -14,8 +14,8 @@ from agent.api.proto import agent_pb2 as pb
 from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION
 from agent.kube.cache import AgentCache, NodeEntry
 from agent.kube.controller import LeaseController
-from agent.kube.port import KubeError, NotFound, Obj
 from agent.kube.views import lease_of
+from agent.kubeapi.port import KubeError, NotFound, Obj
 
 NODE = "node-a"
 NOW = 1_000.0

@@ -14,7 +14,7 @@ from agent.core.types import PriorityClass
 from agent.kube.cache import NodeEntry
 from agent.kube.controller import LeaseController
 from agent.kube.leaseless import LeaselessPods
-from agent.kube.port import Obj
+from agent.kubeapi.port import Obj
 from tests.unit.kube.test_controller import NODE, NOW, Api, Cache, lease, pod
 
 

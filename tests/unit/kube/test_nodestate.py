@@ -25,7 +25,7 @@ from agent.kube.nodestate import (
     node_state,
     publish_node_states,
 )
-from agent.kube.port import KubeApi, KubeError, NotFound, Obj
+from agent.kubeapi.port import KubeApi, KubeError, NotFound, Obj
 
 UUIDS = ("GPU-87bb7b7c-0000-0000-0000-000000000001", "GPU-96222f07-0000-0000-0000-000000000002")
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -1,7 +1,7 @@
-"""The Kubernetes API as the cluster-side parts use it: the few endpoints they need, with
+"""The Kubernetes API as the agent's parts use it: the few endpoints they need, with
 objects as the API server sends them (JSON dicts: ``metadata``, ``spec``, ``status``) and
 its status codes as exceptions (:class:`Unanswered` when no answer came: the outcome of a
-write is then unknown). One adapter implements it (:mod:`agent.kube.rest`); tests run it
+write is then unknown). One adapter implements it (:mod:`agent.kubeapi.rest`); tests run it
 against a stand-in API server that speaks the same format."""
 
 from __future__ import annotations
@@ -114,6 +114,43 @@ class KubeApi(Protocol):
 
     async def replace_lease(self, namespace: str, name: str, lease: Obj) -> Obj:
         """PUT a Lease; 409 if its ``metadata.resourceVersion`` is not the stored one."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class ResourceApi(Protocol):
+    """``resource.k8s.io/v1`` as the DRA driver uses it: its node's ResourceSlices and the
+    ResourceClaims allocated to its devices."""
+
+    async def get_node(self, name: str) -> Obj: ...
+
+    async def list_resource_slices(self, *, field_selector: str = "") -> Listing: ...
+
+    async def create_resource_slice(self, body: Obj) -> Obj: ...
+
+    async def replace_resource_slice(self, name: str, body: Obj) -> Obj:
+        """PUT; 409 if its ``metadata.resourceVersion`` is not the stored one."""
+        ...
+
+    async def delete_resource_slice(self, name: str, *, uid: str = "") -> None:
+        """Delete; 409 if the slice of that name is another (``uid``)."""
+        ...
+
+    async def get_resource_claim(self, namespace: str, name: str) -> Obj: ...
+
+    async def list_resource_claims(self, *, field_selector: str = "") -> Listing:
+        """Claims of every namespace."""
+        ...
+
+    def watch_resource_claims(
+        self, resource_version: str, *, timeout_s: float = 300.0
+    ) -> AsyncIterator[WatchEvent]:
+        """Changes after ``resource_version``; raises :class:`Gone` when it is too old."""
+        ...
+
+    async def replace_resource_claim_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        """PUT the ``status`` subresource; 409 on a stale ``metadata.resourceVersion``."""
         ...
 
     async def aclose(self) -> None: ...

@@ -1,7 +1,8 @@
-"""The one adapter of :class:`agent.kube.port.KubeApi`: ``kubernetes_asyncio``'s generated
-``CoreV1Api``, ``DiscoveryV1Api`` and ``CoordinationV1Api`` over one ``ApiClient`` (its
-aiohttp session, its TLS and bearer-token handling, in-cluster configuration with token
-rotation).
+"""How the agent talks to the Kubernetes API: ``kubernetes_asyncio``'s generated clients
+over one ``ApiClient`` (its aiohttp session, its TLS and bearer-token handling, in-cluster
+configuration with token rotation), each request's raw answer decoded here, and the API
+server's statuses and the network's failures as the port's exceptions. What is said over
+it is :mod:`agent.kubeapi.rest`'s.
 
 Every call asks for the raw response (``_preload_content=False``) and decodes the JSON
 itself: objects stay as the API server sent them (no model round trip, no renamed fields)
@@ -23,8 +24,8 @@ import json
 import math
 import os
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, Self, cast
 
 import aiohttp
 from kubernetes_asyncio.client import (
@@ -33,13 +34,14 @@ from kubernetes_asyncio.client import (
     CoordinationV1Api,
     CoreV1Api,
     DiscoveryV1Api,
+    ResourceV1Api,
 )
 from kubernetes_asyncio.client.exceptions import ApiException, OpenApiException
 from kubernetes_asyncio.config import ConfigException
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
 from agent.core.errors import ConfigError
-from agent.kube.port import (
+from agent.kubeapi.port import (
     Conflict,
     Gone,
     KubeError,
@@ -58,7 +60,6 @@ PATCH_CONTENT_TYPES: Final[dict[PatchKind, str]] = {
     "json": "application/json-patch+json",
     "strategic": "application/strategic-merge-patch+json",
 }
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 _BY_STATUS: Final[dict[int, type[KubeError]]] = {404: NotFound, 409: Conflict, 410: Gone}
 _WATCH_KINDS: Final[frozenset[str]] = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 _NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
@@ -111,12 +112,17 @@ def unreachable(exc: BaseException) -> KubeError:
     return error(0, "Unreachable", str(exc) or type(exc).__name__)
 
 
-def _selectors(field_selector: str, label_selector: str) -> dict[str, str]:
+def selectors(field_selector: str, label_selector: str) -> dict[str, str]:
     selectors = {"field_selector": field_selector, "label_selector": label_selector}
     return {key: value for key, value in selectors.items() if value}
 
 
-class RestKubeApi:
+def listing_of(listed: Obj) -> Listing:
+    version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+    return Listing(items=list(listed.get("items") or []), resource_version=version)
+
+
+class ApiConnection:
     """The Kubernetes API over HTTPS. Build it with :meth:`in_cluster` or :meth:`from_url`
     (no I/O: the client and its connections are made on the first call, in the loop that
     makes it), close it with :meth:`aclose`."""
@@ -124,7 +130,9 @@ class RestKubeApi:
     def __init__(self, configuration: Configuration, *, timeout_s: float = 30.0) -> None:
         self._configuration = configuration
         self._timeout_s = timeout_s
-        self._apis: tuple[ApiClient, CoreV1Api, DiscoveryV1Api, CoordinationV1Api] | None = None
+        self._apis: (
+            tuple[ApiClient, CoreV1Api, DiscoveryV1Api, CoordinationV1Api, ResourceV1Api] | None
+        ) = None
 
     @classmethod
     def in_cluster(
@@ -134,7 +142,7 @@ class RestKubeApi:
         ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt",
         environ: dict[str, str] | None = None,
         timeout_s: float = 30.0,
-    ) -> RestKubeApi:
+    ) -> Self:
         """The pod's service account: ``KUBERNETES_SERVICE_HOST``/``_PORT``, its token
         (read again every minute: bound tokens rotate) and the cluster's CA."""
         configuration = Configuration()
@@ -166,7 +174,7 @@ class RestKubeApi:
         ca_file: str = "",
         verify: bool = True,
         timeout_s: float = 30.0,
-    ) -> RestKubeApi:
+    ) -> Self:
         """An API server at ``url`` (``https://host:6443``), with a bearer token."""
         configuration = Configuration(host=url.rstrip("/"))
         if token:
@@ -191,7 +199,12 @@ class RestKubeApi:
     def _coordination(self) -> CoordinationV1Api:
         return self._clients()[3]
 
-    def _clients(self) -> tuple[ApiClient, CoreV1Api, DiscoveryV1Api, CoordinationV1Api]:
+    def _resource(self) -> ResourceV1Api:
+        return self._clients()[4]
+
+    def _clients(
+        self,
+    ) -> tuple[ApiClient, CoreV1Api, DiscoveryV1Api, CoordinationV1Api, ResourceV1Api]:
         if self._apis is None:  # its aiohttp session belongs to the running loop
             if self._configuration.proxy is None:
                 self._configuration.proxy = proxy_from_env(str(self._configuration.host))
@@ -205,6 +218,7 @@ class RestKubeApi:
                 CoreV1Api(client),
                 DiscoveryV1Api(client),
                 CoordinationV1Api(client),
+                ResourceV1Api(client),
             )
         return self._apis
 
@@ -255,36 +269,26 @@ class RestKubeApi:
         except ValueError as exc:
             raise KubeError(response.status, "BadResponse", f"not JSON: {body[:200]!r}") from exc
 
-    # -- the port --------------------------------------------------------------------------
-
-    async def get_pod(self, namespace: str, name: str) -> Obj:
-        return await self._call(self._core().read_namespaced_pod, name, namespace)
-
-    async def list_pods(self, *, field_selector: str = "", label_selector: str = "") -> Listing:
-        listed = await self._call(
-            self._core().list_pod_for_all_namespaces, **_selectors(field_selector, label_selector)
-        )
-        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-        return Listing(items=list(listed.get("items") or []), resource_version=version)
-
-    async def watch_pods(
-        self, resource_version: str, *, field_selector: str = "", timeout_s: float = 300.0
+    async def _watch(
+        self,
+        call: Callable[..., Awaitable[Any]],
+        resource_version: str,
+        timeout_s: float,
+        **kwargs: Any,
     ) -> AsyncIterator[WatchEvent]:
-        """Every change after ``resource_version`` until the server ends the watch after
-        ``timeout_s`` (then the iterator ends). BOOKMARKs are asked for and passed on."""
         # The server closes the stream after timeoutSeconds; a read that stays silent well
         # past that is a connection that died without saying so.
         read_timeout = aiohttp.ClientTimeout(
             sock_connect=self._timeout_s, sock_read=timeout_s + self._timeout_s
         )
         response = await self._open(
-            self._core().list_pod_for_all_namespaces,
+            call,
             watch=True,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=max(1, math.ceil(timeout_s)),
             request_timeout=read_timeout,
-            **_selectors(field_selector, ""),
+            **kwargs,
         )
         try:
             while True:
@@ -308,84 +312,12 @@ class RestKubeApi:
         finally:
             response.release()
 
-    async def patch_pod(
-        self, namespace: str, name: str, patch: Obj | list[Obj], *, kind: PatchKind = "merge"
-    ) -> Obj:
-        return await self._call(
-            self._core().patch_namespaced_pod,
-            name,
-            namespace,
-            patch,
-            _content_type=PATCH_CONTENT_TYPES[kind],
-        )
-
-    async def bind_pod(
-        self,
-        namespace: str,
-        name: str,
-        uid: str,
-        node_name: str,
-        *,
-        annotations: Mapping[str, str] | None = None,
-    ) -> None:
-        metadata: Obj = {"name": name, "namespace": namespace}
-        if uid:
-            metadata["uid"] = uid  # a precondition: a new pod of the same name is not bound
-        if annotations:
-            metadata["annotations"] = dict(annotations)
-        binding = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": metadata,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
-        }
-        await self._call(self._core().create_namespaced_pod_binding, name, namespace, binding)
-
-    async def delete_pod(self, namespace: str, name: str, *, uid: str) -> None:
-        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-        await self._call(self._core().delete_namespaced_pod, name, namespace, body=options)
-
-    async def patch_node(self, name: str, patch: Obj) -> Obj:
-        return await self._call(
-            self._core().patch_node, name, patch, _content_type=PATCH_CONTENT_TYPES["merge"]
-        )
-
-    async def patch_node_status(self, name: str, patch: Obj) -> Obj:
-        return await self._call(
-            self._core().patch_node_status,
-            name,
-            patch,
-            _content_type=PATCH_CONTENT_TYPES["strategic"],
-        )
-
-    async def create_event(self, namespace: str, event: Obj) -> None:
-        await self._call(self._core().create_namespaced_event, namespace, event)
-
-    async def list_endpoint_slices(self, namespace: str, service: str) -> list[Obj]:
-        listed = await self._call(
-            self._discovery().list_namespaced_endpoint_slice,
-            namespace,
-            label_selector=f"{SERVICE_NAME_LABEL}={service}",
-        )
-        return list(listed.get("items") or [])
-
-    async def get_lease(self, namespace: str, name: str) -> Obj:
-        return await self._call(self._coordination().read_namespaced_lease, name, namespace)
-
-    async def create_lease(self, namespace: str, lease: Obj) -> Obj:
-        return await self._call(self._coordination().create_namespaced_lease, namespace, lease)
-
-    async def replace_lease(self, namespace: str, name: str, lease: Obj) -> Obj:
-        return await self._call(
-            self._coordination().replace_namespaced_lease, name, namespace, lease
-        )
-
     async def aclose(self) -> None:
         apis, self._apis = self._apis, None
         if apis is not None:
             await apis[0].close()
 
-    async def __aenter__(self) -> RestKubeApi:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:

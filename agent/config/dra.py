@@ -1,0 +1,68 @@
+"""The agent as a Kubernetes DRA driver (``gpushare.io``; see docs/kubernetes.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.config.fields import setting
+
+
+@dataclass(frozen=True, slots=True)
+class DraSettings:
+    enabled: bool = setting(
+        False,
+        "Be the node's DRA driver gpushare.io: publish its GPUs as a ResourceSlice with "
+        "consumable capacity, prepare the claims the default scheduler allocates to them "
+        "(a lease per share, its MPS limits in a CDI spec), and have the last word on each "
+        "share through a binding condition. Needs runtime.node_name to be the node's name.",
+    )
+    driver_name: str = setting("gpushare.io", "The DRA driver name (and DeviceClass).")
+    plugin_dir: str = setting(
+        "/var/lib/kubelet/plugins/gpushare.io",
+        "The driver's own kubelet plugin directory (its dra.sock).",
+    )
+    registry_dir: str = setting(
+        "/var/lib/kubelet/plugins_registry",
+        "The kubelet's plugin registry directory (the driver's registration socket).",
+    )
+    cdi_dir: str = setting(
+        "/var/run/cdi", "Where the claims' CDI specs are written for the container runtime."
+    )
+    shm_dir: str = setting(
+        "",
+        "A host directory mounted at /dev/shm in each client container, shared with the MPS "
+        "server (the mps-host pod mounts the same one). Empty: none.",
+    )
+    api_server: str = setting(
+        "", "The Kubernetes API server URL. Empty: the pod's in-cluster service account."
+    )
+    api_token_file: str = setting("", "Bearer token file for dra.api_server.")
+    api_ca: str = setting("", "CA certificate of dra.api_server.")
+    api_timeout_s: float = setting(10.0, "How long one Kubernetes API request may take.", min=0.1)
+    binding_conditions: bool = setting(
+        True,
+        "Publish the binding condition gpushare.io/admitted on each device and set it (or "
+        "gpushare.io/refused) on the claims allocated here after running the agent's rules "
+        "(needs DRADeviceBindingConditions, beta in 1.36). Off: the rules run at Prepare only.",
+    )
+    clients_per_device: int = setting(
+        16,
+        "Shares one device takes at most (its 'clients' capacity); the memory capacity "
+        "leaves a CUDA context overhead for each of them.",
+        min=1,
+    )
+    default_memory: str = setting(
+        "8GiB", "Memory a claim that does not ask for any consumes (the default share)."
+    )
+    default_threads: int = setting(
+        25, "Thread percentage a claim that does not ask for any consumes.", min=1
+    )
+    slice_min_interval_s: float = setting(
+        1.0, "Least time between two writes of the node's ResourceSlice.", min=0.05
+    )
+    reconcile_interval_s: float = setting(
+        30.0,
+        "Seconds between two passes that release the leases of claims gone or no longer "
+        "allocated here.",
+        min=0.1,
+    )

@@ -1,0 +1,174 @@
+"""Reading a ResourceClaim as the driver needs it: the shares the scheduler allocated to
+this driver on this node (device, share id, consumed capacity), the claim's opaque
+configuration for this driver, the pods it is reserved for, and the conditions the driver
+writes back into its ``status.devices``. Pure functions of the claim's JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.errors import UnitError
+from agent.core.quantity import quantity, quantity_bytes
+
+Obj = dict[str, Any]
+CONFIG_KIND = "ShareConfig"
+CONFIG_API = "gpushare.io/v1"
+PRIORITIES = ("guaranteed", "burstable", "best-effort")
+
+
+class ClaimError(Exception):
+    """The claim cannot be prepared as it is (the text reaches the pod's events)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One allocated device of a claim, for this driver on this node."""
+
+    request: str  # the base request name ("gpu" of "gpu/small")
+    device: str
+    share_id: str  # "" for a result without one (a dedicated allocation)
+    memory_bytes: int | None  # consumed; None when the result names none
+    thread_pct: float | None
+    binding_conditions: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """What tells this share from the claim's others (a request may hold several
+        devices, a device several requests)."""
+        return self.share_id or f"{self.request}-{self.device}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShareConfig:
+    priority: str = "burstable"
+    profile: str | None = None
+    retention_floor: float | None = None
+
+
+def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def allocation(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return (claim.get("status") or {}).get("allocation") or None
+
+
+def shares(claim: Mapping[str, Any], driver: str, pool: str) -> list[Share]:
+    """The claim's results of ``driver`` in ``pool``; [] when none (or not allocated)."""
+    found = allocation(claim)
+    if found is None:
+        return []
+    results = ((found.get("devices") or {}).get("results")) or []
+    return [_share(r) for r in results if r.get("driver") == driver and r.get("pool") == pool]
+
+
+def _share(result: Mapping[str, Any]) -> Share:
+    consumed = result.get("consumedCapacity") or {}
+    try:
+        memory = quantity_bytes(consumed["memory"]) if "memory" in consumed else None
+        threads = float(quantity(consumed["threads"])) if "threads" in consumed else None
+    except UnitError as exc:
+        raise ClaimError(f"device {result.get('device')}: consumed capacity: {exc}") from exc
+    return Share(
+        request=str(result.get("request") or "").partition("/")[0],
+        device=str(result.get("device") or ""),
+        share_id=str(result.get("shareID") or ""),
+        memory_bytes=memory,
+        thread_pct=threads,
+        binding_conditions=tuple(result.get("bindingConditions") or ()),
+    )
+
+
+def share_config(claim: Mapping[str, Any], driver: str) -> ShareConfig:
+    """The last opaque ``ShareConfig`` of this driver in the allocation's configuration
+    (the class's first, then the claim's: later entries win), defaults otherwise."""
+    found = allocation(claim) or {}
+    entries = ((found.get("devices") or {}).get("config")) or []
+    config = ShareConfig()
+    for entry in entries:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") == driver:
+            config = _config(opaque.get("parameters") or {}, config)
+    return config
+
+
+def _config(parameters: Mapping[str, Any], base: ShareConfig) -> ShareConfig:
+    if parameters.get("kind") != CONFIG_KIND or parameters.get("apiVersion") != CONFIG_API:
+        raise ClaimError(f"opaque config for this driver must be {CONFIG_API} {CONFIG_KIND}")
+    unknown = sorted(
+        set(parameters) - {"apiVersion", "kind", "priority", "profile", "retentionFloor"}
+    )
+    if unknown:
+        raise ClaimError(f"{CONFIG_KIND} has unknown fields {unknown}")
+    priority = parameters.get("priority", base.priority)
+    if priority not in PRIORITIES:
+        raise ClaimError(f"{CONFIG_KIND}.priority must be one of {', '.join(PRIORITIES)}")
+    floor = parameters.get("retentionFloor", base.retention_floor)
+    if floor is not None and (not isinstance(floor, int | float) or not 0 < float(floor) <= 1):
+        raise ClaimError(f"{CONFIG_KIND}.retentionFloor must be in (0, 1]")
+    profile = parameters.get("profile", base.profile)
+    if profile is not None and not isinstance(profile, str):
+        raise ClaimError(f"{CONFIG_KIND}.profile must be a string")
+    return ShareConfig(priority, profile, None if floor is None else float(floor))
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, uid) of the pods the claim is reserved for."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return [
+        (str(r.get("name") or ""), str(r.get("uid") or ""))
+        for r in reserved
+        if r.get("resource") == "pods"
+    ]
+
+
+def pending_conditions(claim: Mapping[str, Any], driver: str, pool: str) -> list[Share]:
+    """This driver's shares on this node that wait for a binding condition: they carry
+    some, and no entry of ``status.devices`` says yet whether they are met."""
+    answered = {
+        (d.get("device"), d.get("shareID") or "")
+        for d in (claim.get("status") or {}).get("devices") or []
+        if d.get("driver") == driver and d.get("pool") == pool and d.get("conditions")
+    }
+    return [
+        s
+        for s in shares(claim, driver, pool)
+        if s.binding_conditions and (s.device, s.share_id) not in answered
+    ]
+
+
+def condition(kind: str, reason: str, message: str, at: str) -> Obj:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message[:1024],
+        "lastTransitionTime": at,
+    }
+
+
+def with_device_status(
+    claim: Mapping[str, Any], driver: str, pool: str, answers: Sequence[tuple[Share, Obj]]
+) -> Obj:
+    """The claim with a ``status.devices`` entry per answered share (replacing any entry
+    of the same device and share)."""
+    status = dict(claim.get("status") or {})
+    keys = {(s.device, s.share_id) for s, _ in answers}
+    kept = [
+        d
+        for d in status.get("devices") or []
+        if not (
+            d.get("driver") == driver
+            and d.get("pool") == pool
+            and (d.get("device"), d.get("shareID") or "") in keys
+        )
+    ]
+    for share, cond in answers:
+        entry: Obj = {"driver": driver, "pool": pool, "device": share.device, "conditions": [cond]}
+        if share.share_id:
+            entry["shareID"] = share.share_id
+        kept.append(entry)
+    status["devices"] = kept
+    return {**claim, "status": status}

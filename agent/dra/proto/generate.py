@@ -1,0 +1,39 @@
+"""Regenerate the checked-in gRPC modules from the kubelet's DRA protos (needs the dev
+extra).
+
+    python -m agent.dra.proto.generate [OUTPUT_ROOT]
+
+OUTPUT_ROOT defaults to the repository root; a test regenerates into a temporary folder
+and checks that the result equals what is checked in. The protos are compiled with the
+repository root as the include path, so the generated modules import each other as
+``agent.dra.proto....``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from agent.kubelet.proto.generate import compile_protos
+
+PROTOS = (
+    "agent/dra/proto/dra_v1.proto",
+    "agent/dra/proto/dra_v1beta1.proto",
+    "agent/dra/proto/registration.proto",
+    "agent/dra/proto/health_v1.proto",
+    "agent/dra/proto/health_v1alpha1.proto",
+)
+MODULES = tuple(
+    f"{Path(proto).stem}{suffix}"
+    for proto in PROTOS
+    for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+)
+
+
+def generate(repo_root: Path, out_root: Path) -> None:
+    compile_protos(repo_root, out_root, PROTOS)
+
+
+if __name__ == "__main__":
+    root = Path(__file__).resolve().parents[3]
+    generate(root, Path(sys.argv[1]) if len(sys.argv) > 1 else root)

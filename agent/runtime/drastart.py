@@ -1,0 +1,140 @@
+"""The DRA driver, when ``dra.enabled``: wired here so the app only starts and stops it.
+Its parts: the kubelet plugin (sockets, registration, Prepare/Unprepare, health), the
+ResourceSlice publisher, the binding answers, the claim reconcile, and a refresh that
+follows the ledger's device states into the slice and the health stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from agent.admission.policy import Rules
+from agent.config import Settings
+from agent.core.errors import ConfigError
+from agent.dra.plugin import DraPluginServer
+from agent.dra.service import DraService
+from agent.dra.slices import SlicePublisher
+from agent.kubeapi.port import ResourceApi
+from agent.kubeapi.rest import RestKubeApi
+from agent.runtime.dra import ClaimDriver, DriverPaths
+from agent.runtime.drainventory import FloorOf, stated_floor
+from agent.runtime.drasync import BindingAnswers, Reconciler
+from agent.runtime.events import EventLog
+from agent.runtime.node import NodeService
+from agent.runtime.tasks import Supervisor
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 0.25
+FULL_REFRESH_S = 5.0
+
+
+def resource_api(settings: Settings) -> RestKubeApi:
+    d = settings.dra
+    if not d.api_server:
+        return RestKubeApi.in_cluster(timeout_s=d.api_timeout_s)
+    token = ""
+    if d.api_token_file:
+        with open(d.api_token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    return RestKubeApi.from_url(
+        d.api_server, token=token, ca_file=d.api_ca, timeout_s=d.api_timeout_s
+    )
+
+
+class DraDriver:
+    def __init__(
+        self,
+        driver: ClaimDriver,
+        server: DraPluginServer,
+        publisher: SlicePublisher,
+        answers: BindingAnswers | None,
+        reconciler: Reconciler,
+        api: ResourceApi,
+        events: EventLog,
+    ) -> None:
+        self.driver = driver
+        self.server = server
+        self.publisher = publisher
+        self.answers = answers
+        self.reconciler = reconciler
+        self._api = api
+        self._events = events
+
+    def spawn(self, supervisor: Supervisor) -> None:
+        supervisor.spawn("dra-slices", self.publisher.run())
+        supervisor.spawn("dra-reconcile", self.reconciler.run())
+        supervisor.spawn("dra-refresh", self._refresh_loop())
+        if self.answers is not None:
+            supervisor.spawn("dra-binding-answers", self.answers.run())
+
+    async def _refresh_loop(self) -> None:
+        """Follow the ledger into the slice and the health stream: at once after any event
+        (a lease, a drain, a daemon's life), and every ``FULL_REFRESH_S`` for the states
+        that change without one (a daemon that stops answering its probes)."""
+        seen, last_full = self._events.last_seq, 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            now = loop.time()
+            if self._events.last_seq != seen or now - last_full >= FULL_REFRESH_S:
+                seen, last_full = self._events.last_seq, now
+                self.driver.refresh()
+
+    async def stop(self) -> None:
+        """Stop serving the kubelet (its sockets go: the kubelet deregisters the driver)."""
+        await self.server.stop()
+
+    async def aclose(self) -> None:
+        """Close the API client, once the driver's tasks are stopped."""
+        await self._api.aclose()
+
+
+async def start_dra_driver(
+    settings: Settings,
+    node: NodeService,
+    events: EventLog,
+    *,
+    rules: Rules,
+    clock: Callable[[], float],
+    floor_of: FloorOf = stated_floor,
+) -> DraDriver | None:
+    d = settings.dra
+    if not d.enabled:
+        return None
+    node_name = settings.runtime.node_name
+    if not node_name:
+        raise ConfigError("dra.enabled", "needs runtime.node_name (the node's name)")
+    api = resource_api(settings)
+    publisher = SlicePublisher(
+        api, driver=d.driver_name, node=node_name, min_interval_s=d.slice_min_interval_s
+    )
+    driver = ClaimDriver(
+        node,
+        events,
+        api,
+        settings=d,
+        rules=rules,
+        node_name=node_name,
+        paths=DriverPaths(cdi_dir=d.cdi_dir, shm_dir=d.shm_dir),
+        publisher=publisher,
+        floor_of=floor_of,
+    )
+    service = DraService(driver)
+    driver.on_health = service.health_changed
+    server = DraPluginServer(
+        service, driver_name=d.driver_name, plugin_dir=d.plugin_dir, registry_dir=d.registry_dir
+    )
+    await server.start()
+    answers = BindingAnswers(driver, api) if d.binding_conditions else None
+    reconciler = Reconciler(
+        driver, api, cdi_dir=d.cdi_dir, interval_s=d.reconcile_interval_s, clock=clock
+    )
+    log.info(
+        "DRA driver %s on node %s: %d device(s) published",
+        d.driver_name,
+        node_name,
+        len(driver.inventory.devices),
+    )
+    return DraDriver(driver, server, publisher, answers, reconciler, api, events)

@@ -1,0 +1,153 @@
+"""Builders of resource.k8s.io/v1 objects, as the API returns them, for the DRA stand-ins'
+tests: devices with gpushare.io's capacities, slices, classes, claims and requests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+Obj = dict[str, Any]
+DRIVER = "gpushare.io"
+NODE = "node-a"
+API = "resource.k8s.io/v1"
+
+
+def memory(value: str = "80Gi", *, default: str | None = "1Gi", step: str = "1Gi") -> Obj:
+    entry: Obj = {"value": value}
+    if default is not None:
+        policy = {"default": default, "validRange": {"min": "1Gi", "max": value, "step": step}}
+        entry["requestPolicy"] = policy
+    return entry
+
+
+def threads(value: str = "100", valid: Sequence[str] = ("10", "25", "50", "100")) -> Obj:
+    return {"value": value, "requestPolicy": {"default": valid[0], "validValues": list(valid)}}
+
+
+def device(
+    name: str,
+    *,
+    capacity: Mapping[str, Obj] | None = None,
+    multiple: bool = True,
+    attributes: Mapping[str, Obj] | None = None,
+    taints: Iterable[Obj] = (),
+    binding: bool = False,
+    **extra: Any,
+) -> Obj:
+    """A device with ``memory`` and ``threads`` unless ``capacity`` says otherwise; its
+    ``index`` attribute is its name's last number."""
+    found: Obj = {
+        "name": name,
+        "attributes": dict(attributes or {"index": {"int": int(name.rsplit("-", 1)[-1])}}),
+        "capacity": dict(
+            capacity if capacity is not None else {"memory": memory(), "threads": threads()}
+        ),
+    }
+    if multiple:
+        found["allowMultipleAllocations"] = True
+    if taints := list(taints):
+        found["taints"] = taints
+    if binding:
+        found.update(
+            bindingConditions=["gpushare.io/admitted"],
+            bindingFailureConditions=["gpushare.io/refused"],
+            bindsToNode=True,
+        )
+    return found | extra
+
+
+def resource_slice(
+    devices: Sequence[Obj],
+    *,
+    node: str = NODE,
+    name: str = "",
+    generation: int = 1,
+    count: int = 1,
+    pool: str = "",
+    **spec: Any,
+) -> Obj:
+    return {
+        "apiVersion": API,
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"00000-{DRIVER}-{node}-abcde"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": count},
+            "devices": list(devices),
+            **spec,
+        },
+    }
+
+
+def device_class(
+    name: str = DRIVER,
+    *,
+    selectors: Sequence[str] = (f'device.driver == "{DRIVER}"',),
+    config: Sequence[Obj] = (),
+    extended: str = "",
+) -> Obj:
+    spec: Obj = {"selectors": [{"cel": {"expression": e}} for e in selectors]}
+    if config:
+        spec["config"] = list(config)
+    if extended:
+        spec["extendedResourceName"] = extended
+    return {"apiVersion": API, "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
+def request(
+    name: str = "gpu",
+    *,
+    count: int = 1,
+    capacity: Mapping[str, str] | None = None,
+    tolerations: Sequence[Obj] = (),
+    selectors: Sequence[str] = (),
+    all_devices: bool = False,
+    class_name: str = DRIVER,
+) -> Obj:
+    exactly: Obj = {"deviceClassName": class_name}
+    if all_devices:
+        exactly["allocationMode"] = "All"
+    else:
+        exactly.update(allocationMode="ExactCount", count=count)
+    if capacity:
+        exactly["capacity"] = {"requests": dict(capacity)}
+    if tolerations:
+        exactly["tolerations"] = list(tolerations)
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    return {"name": name, "exactly": exactly}
+
+
+def claim(
+    *requests: Obj,
+    name: str = "train",
+    namespace: str = "team-a",
+    constraints: Sequence[Obj] = (),
+    config: Sequence[Obj] = (),
+) -> Obj:
+    devices: Obj = {"requests": list(requests or [request()])}
+    if constraints:
+        devices["constraints"] = list(constraints)
+    if config:
+        devices["config"] = list(config)
+    return {
+        "apiVersion": API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())},
+        "spec": {"devices": devices},
+    }
+
+
+def allocated_claim(*results: Obj, name: str = "earlier") -> Obj:
+    """A claim allocated before, with these results (``driver`` and ``pool`` filled in)."""
+    found = claim(name=name)
+    full = [{"request": "gpu", "driver": DRIVER, "pool": NODE, **r} for r in results]
+    found["status"] = {"allocation": {"devices": {"results": full}}}
+    return found
+
+
+def share(device_name: str, **consumed: str) -> Obj:
+    """An existing shared result on ``device_name``."""
+    return {"device": device_name, "shareID": str(uuid.uuid4()), "consumedCapacity": consumed}

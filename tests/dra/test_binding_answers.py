@@ -1,0 +1,189 @@
+"""The binding answers against the API stand-in: each share waiting for one gets the
+agent's word in the claim's ``status.devices`` exactly once, whatever the status write's
+outcome (done, conflict, done with its answer lost, no answer), and a refused claim keeps
+no lease."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+
+from agent.core.lease import Lease, LeaseState
+from agent.core.types import PriorityClass
+from agent.dra.claims import ClaimError, Share
+from agent.kubeapi.rest import RestKubeApi
+from agent.runtime.claims import ShareLeases
+from agent.runtime.drasync import BindingAnswers
+from tests.kube.apiserver import FakeApiServer
+
+TOKEN = "t"
+DRIVER, NODE = "gpushare.io", "node-a"
+
+
+class FakeNode:
+    def __init__(self) -> None:
+        self.leases: dict[str, Lease] = {}
+
+    async def release(self, lease_id: str) -> Lease:
+        return self.leases.pop(lease_id)
+
+
+class FakeDriver:
+    """The part of :class:`ClaimDriver` the answers use: a device refuses when it is full."""
+
+    driver_name, node_name = DRIVER, NODE
+
+    def __init__(self, full: set[str]) -> None:
+        self.full = full
+        self.node = FakeNode()
+        self.leases = ShareLeases(self.node, default_memory_bytes=1, default_thread_pct=1)  # type: ignore[arg-type]
+        self.admitted: list[str] = []
+        self.notes: list[tuple[str, str]] = []
+
+    def note(self, kind: str, message: str, claim: Mapping[str, Any], **attrs: str) -> None:
+        self.notes.append((kind, attrs.get("reason", "")))
+
+    async def admit_share(self, claim: Mapping[str, Any], share: Share) -> Lease:
+        if share.device in self.full:
+            raise ClaimError(f"NO_MEMORY: {share.device} is full")
+        uid = claim["metadata"]["uid"]
+        request_id = f"dra:{uid}:{share.key}"
+        for held in self.node.leases.values():  # the same request id: the same lease
+            if held.request_id == request_id:
+                return held
+        lease = Lease(
+            f"l-{len(self.admitted)}", request_id, "ns", "ns", share.device,
+            PriorityClass.BURSTABLE, 2**30, 10.0, LeaseState.ADMITTED, 0.0, 0.0,
+        )  # fmt: skip
+        self.node.leases[lease.lease_id] = lease
+        self.admitted.append(share.key)
+        return lease
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(token=TOKEN) as server:
+        yield server
+
+
+@pytest.fixture
+async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
+    adapter = RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=1.0)
+    try:
+        yield adapter
+    finally:
+        await adapter.aclose()
+
+
+def claim(name: str, *devices: str) -> dict[str, Any]:
+    results = [
+        {
+            "request": "gpu",
+            "driver": DRIVER,
+            "pool": NODE,
+            "device": d,
+            "shareID": f"5e0e2d4c-1111-4222-8333-00000000000{i}",
+            "bindingConditions": ["gpushare.io/admitted"],
+            "bindingFailureConditions": ["gpushare.io/refused"],
+        }
+        for i, d in enumerate(devices)
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}
+        },
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+@contextlib.asynccontextmanager
+async def answering(kube: RestKubeApi, driver: FakeDriver) -> AsyncIterator[BindingAnswers]:
+    answers = BindingAnswers(driver, kube, backoff_s=0.05)  # type: ignore[arg-type]
+    task = asyncio.create_task(answers.run())
+    try:
+        yield answers
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def conditions(api: FakeApiServer, name: str) -> list[tuple[str, str, str]]:
+    [stored] = [c for c in api.objects("resourceclaims") if c["metadata"]["name"] == name]
+    return [
+        (d["device"], c["type"], c["reason"])
+        for d in stored["status"].get("devices") or []
+        for c in d["conditions"]
+    ]
+
+
+async def until(predicate: Any, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        None,
+        {"status": 409, "reason": "Conflict"},  # written meanwhile: read again, answer once
+        {"status": 500, "landed": True},  # done, its answer lost
+        {"status": 503},  # refused
+        {"hang": True, "landed": True},  # done, no answer before the client gives up
+        {"hang": True},  # not done, no answer
+    ],
+)
+async def test_each_share_gets_one_answer_whatever_the_write_outcome(
+    api: FakeApiServer, kube: RestKubeApi, fault: dict[str, Any] | None
+) -> None:
+    driver = FakeDriver(full=set())
+    if fault is not None:
+        api.fail_next("PUT", r"/resourceclaims/ok/status", **fault)
+    async with answering(kube, driver):
+        api.put_object("resourceclaims", claim("ok", "gpu-0", "gpu-1"))
+        await until(lambda: len(conditions(api, "ok")) == 2)
+        await asyncio.sleep(0.3)  # nothing more comes
+    assert sorted(conditions(api, "ok")) == [
+        ("gpu-0", "gpushare.io/admitted", "Admitted"),
+        ("gpu-1", "gpushare.io/admitted", "Admitted"),
+    ]
+    assert len(driver.admitted) == len(driver.node.leases) == 2  # one lease per share
+
+
+async def test_one_refused_share_refuses_the_claim_and_gives_its_other_leases_back(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    driver = FakeDriver(full={"gpu-1"})
+    async with answering(kube, driver) as answers:
+        api.put_object("resourceclaims", claim("noisy", "gpu-0", "gpu-1"))
+        await until(lambda: len(conditions(api, "noisy")) == 2)
+    assert {c[1:] for c in conditions(api, "noisy")} == {("gpushare.io/refused", "NO_MEMORY")}
+    assert driver.node.leases == {}  # gpu-0's lease went back
+    assert answers.refused == 2
+    assert driver.notes == [("dra.refused", "NO_MEMORY")]
+
+
+async def test_claims_of_other_drivers_nodes_or_without_conditions_are_left_alone(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    driver = FakeDriver(full=set())
+    other = claim("other", "gpu-0")
+    other["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-b"
+    plain = claim("plain", "gpu-0")
+    del plain["status"]["allocation"]["devices"]["results"][0]["bindingConditions"]
+    del plain["status"]["allocation"]["devices"]["results"][0]["bindingFailureConditions"]
+    async with answering(kube, driver):
+        api.put_object("resourceclaims", other)
+        api.put_object("resourceclaims", plain)
+        api.put_object("resourceclaims", claim("mine", "gpu-0"))
+        await until(lambda: bool(conditions(api, "mine")))
+    assert conditions(api, "other") == [] and conditions(api, "plain") == []
+    assert driver.admitted == ["5e0e2d4c-1111-4222-8333-000000000000"]

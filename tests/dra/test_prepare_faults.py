@@ -1,0 +1,75 @@
+"""Prepare when the API answers badly: every outcome of the claim's read is that claim's
+own error (never the whole call), nothing is prepared twice, and a later Prepare gives
+the same lease and the same CDI device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
+from tests.dra.test_end_to_end import claim_of, running
+from tests.helpers import short_dir
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with short_dir() as path:
+        yield path
+
+
+FAULTS = [
+    ({"status": 500}, "500"),
+    ({"status": 429, "reason": "TooManyRequests"}, "429"),
+    ({"status": 0}, "Unreachable"),
+    ({"hang": True}, "Unreachable"),
+]
+
+
+async def test_each_outcome_of_reading_a_claim_is_that_claims_error(root: Path) -> None:
+    async with dra_cluster(root, nodes=1, settings={"dra.api_timeout_s": 1.0}) as cluster:
+        [node] = cluster.nodes.values()
+        await cluster.apply(claim_template("t", memory="4Gi"))
+        await cluster.apply(claim_pod("a", "t"))
+        await cluster.apply(claim_pod("b", "t"))
+        await running(cluster, "a", "b")
+        a, b = claim_of(cluster, "a"), claim_of(cluster, "b")
+        first = await node.kubelet.prepare([a, b])
+        leases = {x.lease_id for x in await node.leases()}
+        for fault, said in FAULTS:
+            times = 2 if fault.get("status") == 0 else 1  # aiohttp sends a GET again once
+            cluster.api_server.fail_next(
+                "GET", f"/resourceclaims/{a['metadata']['name']}$", times=times, **fault
+            )
+            answer = await node.kubelet.prepare([a, b])
+            error = answer[a["metadata"]["uid"]]
+            assert isinstance(error, str) and said in error, (fault, error)
+            assert answer[b["metadata"]["uid"]] == first[b["metadata"]["uid"]]
+        again = await node.kubelet.prepare([a])
+        assert again[a["metadata"]["uid"]] == first[a["metadata"]["uid"]]
+        assert {x.lease_id for x in await node.leases()} == leases  # nothing prepared twice
+
+
+async def test_a_claim_gone_or_replaced_is_refused_by_name(root: Path) -> None:
+    async with dra_cluster(root, nodes=1) as cluster:
+        [node] = cluster.nodes.values()
+        await cluster.apply(claim_template("t", memory="4Gi"))
+        await cluster.apply(claim_pod("a", "t"))
+        await running(cluster, "a")
+        a = claim_of(cluster, "a")
+        replaced: dict[str, Any] = {**a, "metadata": {**a["metadata"], "uid": "other-uid"}}
+        answer = await node.kubelet.prepare([replaced])
+        assert "was replaced" in str(answer["other-uid"])
+        cluster.api_server.delete_pod("default", "a", force=True)
+        await eventually(
+            lambda: (
+                not [c for c in cluster.claims() if c["metadata"]["uid"] == a["metadata"]["uid"]]
+            )
+        )
+        gone = await node.kubelet.prepare([a])
+        assert "does not exist" in str(gone[a["metadata"]["uid"]])
