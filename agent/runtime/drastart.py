@@ -17,6 +17,7 @@ from agent.dra.service import DraService
 from agent.dra.slices import SlicePublisher
 from agent.kubeapi.port import ResourceApi
 from agent.kubeapi.rest import RestKubeApi
+from agent.runtime import checks
 from agent.runtime.dra import ClaimDriver, DriverPaths
 from agent.runtime.drainventory import FloorOf, stated_floor
 from agent.runtime.drasync import BindingAnswers, Reconciler
@@ -41,6 +42,21 @@ def resource_api(settings: Settings) -> RestKubeApi:
     return RestKubeApi.from_url(
         d.api_server, token=token, ca_file=d.api_ca, timeout_s=d.api_timeout_s
     )
+
+
+def check_settings(settings: Settings) -> None:
+    """What the driver's settings must agree with; a ConfigError names the setting."""
+    d = settings.dra
+    if not settings.runtime.node_name:
+        raise ConfigError("dra.enabled", "needs runtime.node_name (the node's name)")
+    checks.setting_bytes("dra.default_memory", d.default_memory)
+    if d.clients_per_device > settings.admission.max_clients:
+        raise ConfigError(
+            "dra.clients_per_device",
+            f"{d.clients_per_device} is more than admission.max_clients "
+            f"({settings.admission.max_clients}): the scheduler would place shares the "
+            "ledger refuses",
+        )
 
 
 class DraDriver:
@@ -104,8 +120,7 @@ async def start_dra_driver(
     if not d.enabled:
         return None
     node_name = settings.runtime.node_name
-    if not node_name:
-        raise ConfigError("dra.enabled", "needs runtime.node_name (the node's name)")
+    check_settings(settings)
     api = resource_api(settings)
     publisher = SlicePublisher(
         api, driver=d.driver_name, node=node_name, min_interval_s=d.slice_min_interval_s

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +281,51 @@ async def test_force_delete_and_kill_9_and_restart_leak_nothing_and_prepare_noth
                 await asyncio.sleep(0.1)
         specs = sorted(p.name for p in node.cdi_dir.iterdir())
         assert specs == [f"gpushare.io-claim_{claim_of(cluster, 'a')['metadata']['uid']}.json"]
+
+
+async def test_an_mps_daemon_down_taints_its_device_and_the_kubelet_hears_it_unhealthy(
+    root: Path,
+) -> None:
+    settings = {"mps.probe_interval_s": 0.2, "mps.restart_backoff_initial_s": 4.0}
+    async with dra_cluster(root, nodes=1, settings=settings) as cluster:
+        [node] = cluster.nodes.values()
+        key = (node.name, "gpu-0")
+        await node.kubelet.wait_for(
+            lambda: node.kubelet.health(DRIVER).get(key, ("",))[0] == "Healthy"
+        )
+        state = await node.call("get_node")
+        [daemon] = [m for m in state.mps if m.device_uuid == state.devices[0].uuid]
+        os.kill(daemon.pid, signal.SIGKILL)  # an MPS fault: the control daemon is gone
+
+        def device0() -> dict[str, Any]:
+            [published] = cluster.slices()
+            return dict(published["spec"]["devices"][0])
+
+        await eventually(lambda: bool(device0().get("taints")), 20)
+        assert device0()["taints"][0]["key"] == "gpushare.io/mps-down"
+        await node.kubelet.wait_for(lambda: node.kubelet.health(DRIVER)[key][0] == "Unhealthy", 20)
+        assert "MPS control daemon" in node.kubelet.health(DRIVER)[key][1]
+        # restarted by its supervisor: healthy and untainted again
+        await eventually(lambda: not device0().get("taints"), 30)
+        await node.kubelet.wait_for(lambda: node.kubelet.health(DRIVER)[key][0] == "Healthy", 20)
+
+
+async def test_mig_instances_are_devices_of_their_own(root: Path) -> None:
+    node_file = root / "mig.yaml"
+    node_file.write_text(
+        "version: 1\ndevices:\n  - model: A100-SXM4-80GB\n    memory: 80GiB\n    mig:\n"
+        "      - {profile: 3g.40gb, memory: 40GiB}\n      - {profile: 3g.40gb, memory: 40GiB}\n"
+    )
+    async with dra_cluster(root, nodes=1, settings={"sim.node_file": node_file}) as cluster:
+        [published] = cluster.slices()
+        names = [d["name"] for d in published["spec"]["devices"]]
+        assert len(names) == 2 and all(n.startswith("gpu-0-mig-") for n in names)
+        assert published["spec"]["devices"][0]["capacity"]["memory"]["value"] == "31Gi"
+        await cluster.apply(claim_template("t", memory="20Gi"))
+        await cluster.apply(claim_pod("p", "t"))
+        await running(cluster, "p")
+        result = claim_of(cluster, "p")["status"]["allocation"]["devices"]["results"][0]
+        assert result["device"] in names
+        env = cluster.running.env("default", "p")
+        [lease] = await next(iter(cluster.nodes.values())).leases()
+        assert env["NVIDIA_VISIBLE_DEVICES"] == lease.device_uuid

@@ -4,11 +4,13 @@ agree with the ledger, attributes, taints and health."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from agent.admission.policy import DeviceView, Rules, memory_left_bytes
 from agent.config.dra import DraSettings
+from agent.core.errors import ConfigError
 from agent.core.lease import Lease, LeaseState
 from agent.core.quantity import quantity_bytes
 from agent.core.types import Device, PriorityClass, ReasonCode
@@ -21,6 +23,8 @@ from agent.runtime.drainventory import (
     inventory,
     memory_capacity_bytes,
 )
+from agent.runtime.drastart import check_settings
+from tests.helpers import sim_settings
 
 RULES = Rules(reserve_bytes=GIB, context_overhead_bytes=512 * MIB, thread_budget_pct=200)
 DRA = DraSettings(clients_per_device=16, default_memory="8GiB", default_threads=25)
@@ -112,3 +116,20 @@ def test_without_binding_conditions() -> None:
     body = inventory([DeviceView(H100)], RULES, settings).devices[0].json()
     assert "bindingConditions" not in body and "bindsToNode" not in body
     assert body["attributes"]["retentionHeadroom"] == {"string": "quiet"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"runtime.node_name": ""}, "dra.enabled"),
+        ({"dra.default_memory": "lots"}, "dra.default_memory"),
+        ({"dra.clients_per_device": 64}, "dra.clients_per_device"),
+    ],
+)
+def test_settings_the_driver_refuses_name_themselves(
+    tmp_path: Path, overrides: dict[str, object], key: str
+) -> None:
+    settings = sim_settings(tmp_path, **{"dra.enabled": True, **overrides})
+    with pytest.raises(ConfigError) as info:
+        check_settings(settings)
+    assert key in str(info.value)
