@@ -99,11 +99,12 @@ def step(
 
 def eviction_candidate(leases: Sequence[Lease]) -> Lease | None:
     """The lowest-priority, youngest best-effort lease that holds the device (never
-    guaranteed, never burstable)."""
+    guaranteed, never burstable, never a DRA claim's share: it ends with its claim)."""
     candidates = [
         x
         for x in leases
         if x.priority is PriorityClass.BEST_EFFORT
         and x.state in (LeaseState.ADMITTED, LeaseState.READY)
+        and not x.held_by_claim
     ]
     return max(candidates, key=lambda x: x.created_at, default=None)

@@ -233,7 +233,9 @@ def decide(
             predictions=attempt.predictions,
             estimator=estimator,
         )
-    if allow_preemption and request.priority is PriorityClass.GUARANTEED:
+    # a pinned request (a DRA share) was placed by capacity, not to evict: it never preempts
+    preempting = allow_preemption and request.device_uuid is None
+    if preempting and request.priority is PriorityClass.GUARANTEED:
         plan = preemption_plan(request, views, rules, now=now, gate=gate)
         if plan is not None:
             return plan.decision(attempts)
@@ -359,6 +361,7 @@ def preemption_plan(
                 if lease.priority is PriorityClass.BEST_EFFORT
                 and lease.state in (LeaseState.ADMITTED, LeaseState.READY)
                 and lease.lease_id not in view.pinned
+                and not lease.held_by_claim
             ),
             key=lambda lease: -lease.created_at,
         )

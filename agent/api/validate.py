@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from agent.admission.sizing import Mode, SizingSpec, size
 from agent.api.proto import agent_pb2 as pb
 from agent.core.errors import ValidationError
+from agent.core.lease import CLAIM_REQUEST_PREFIX
 from agent.core.types import AdmissionRequest, JobAttributes, PriorityClass
 
 MAX_TEXT = 128
@@ -99,6 +100,16 @@ def fraction(value: float, field: str, low: float, high: float, *, low_open: boo
     return value
 
 
+def caller_request_id(value: str, field: str) -> str:
+    """A caller's request id: an identifier outside the prefix the DRA driver keeps."""
+    found = identifier(value, field)
+    if found.startswith(CLAIM_REQUEST_PREFIX):
+        raise ValidationError(
+            field, f"may not start with {CLAIM_REQUEST_PREFIX!r} (the DRA driver's)"
+        )
+    return found
+
+
 def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
     if message.priority not in PRIORITIES:
         raise ValidationError(f"{field}.priority", "must be GUARANTEED, BURSTABLE or BEST_EFFORT")
@@ -106,7 +117,7 @@ def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
     if floor:
         fraction(floor, f"{field}.retention_floor", 0.0, 1.0, low_open=False)
     return AdmissionRequest(
-        request_id=identifier(message.request_id, f"{field}.request_id"),
+        request_id=caller_request_id(message.request_id, f"{field}.request_id"),
         tenant=identifier(message.tenant, f"{field}.tenant"),
         trust_domain=identifier(message.trust_domain, f"{field}.trust_domain"),
         priority=PRIORITIES[message.priority],

@@ -16,7 +16,6 @@ class DraSettings:
         "(a lease per share, its MPS limits in a CDI spec), and have the last word on each "
         "share through a binding condition. Needs runtime.node_name to be the node's name.",
     )
-    driver_name: str = setting("gpushare.io", "The DRA driver name (and DeviceClass).")
     plugin_dir: str = setting(
         "/var/lib/kubelet/plugins/gpushare.io",
         "The driver's own kubelet plugin directory (its dra.sock).",
@@ -54,7 +53,7 @@ class DraSettings:
     default_memory: str = setting(
         "8GiB", "Memory a claim that does not ask for any consumes (the default share)."
     )
-    default_threads: int = setting(
+    default_thread_pct: int = setting(
         25, "Thread percentage a claim that does not ask for any consumes.", min=1
     )
     slice_min_interval_s: float = setting(

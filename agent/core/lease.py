@@ -42,6 +42,8 @@ class LeaseState(enum.StrEnum):
         return self in (LeaseState.RESERVED, LeaseState.ADMITTED, LeaseState.READY)
 
 
+CLAIM_OWNER = "dra"  # the owner of the DRA driver's leases (see Lease.held_by_claim)
+CLAIM_REQUEST_PREFIX = "dra:"  # its request ids, kept from other callers
 LEASE_ID_PATTERN = r"l-[A-Za-z0-9_-]{16}"  # "l-" and 12 random bytes, URL-safe base64
 
 
@@ -112,6 +114,14 @@ class Lease:
     owner: str = ""  # the caller identity that made it; "" for leases made before owners
     workload: str = ""  # the workload its processes must belong to (see AdmissionRequest)
     pod: str = ""  # the Kubernetes pod it is for, "<namespace>/<name>"; "" for none
+
+    @property
+    def held_by_claim(self) -> bool:
+        """A share of a DRA claim: it ends when the kubelet unprepares its claim (or the
+        claim is gone), never by the agent's own loops (preemption, eviction, the
+        janitor's release, readiness reclaim), which would leave its pod running with a
+        claim the scheduler still counts and a lease the ledger does not."""
+        return self.owner == CLAIM_OWNER
 
 
 def can_transition(current: LeaseState, target: LeaseState) -> bool:

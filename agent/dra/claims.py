@@ -13,6 +13,8 @@ from agent.core.errors import UnitError
 from agent.core.quantity import quantity, quantity_bytes
 
 Obj = dict[str, Any]
+ADMITTED = "gpushare.io/admitted"  # the binding condition the driver sets
+REFUSED = "gpushare.io/refused"  # and its failure condition
 CONFIG_KIND = "ShareConfig"
 CONFIG_API = "gpushare.io/v1"
 PRIORITIES = ("guaranteed", "burstable", "best-effort")
@@ -61,7 +63,11 @@ def shares(claim: Mapping[str, Any], driver: str, pool: str) -> list[Share]:
     if found is None:
         return []
     results = ((found.get("devices") or {}).get("results")) or []
-    return [_share(r) for r in results if r.get("driver") == driver and r.get("pool") == pool]
+    return [
+        _share(r)
+        for r in results
+        if r.get("driver") == driver and r.get("pool") == pool and not r.get("adminAccess")
+    ]
 
 
 def _share(result: Mapping[str, Any]) -> Share:
@@ -81,15 +87,17 @@ def _share(result: Mapping[str, Any]) -> Share:
     )
 
 
-def share_config(claim: Mapping[str, Any], driver: str) -> ShareConfig:
-    """The last opaque ``ShareConfig`` of this driver in the allocation's configuration
-    (the class's first, then the claim's: later entries win), defaults otherwise."""
+def share_config(claim: Mapping[str, Any], driver: str, request: str) -> ShareConfig:
+    """The opaque ``ShareConfig`` of this driver that applies to ``request`` (entries that
+    name no request apply to all), field by field: the class's first, then the claim's,
+    later entries win; defaults otherwise."""
     found = allocation(claim) or {}
     entries = ((found.get("devices") or {}).get("config")) or []
     config = ShareConfig()
     for entry in entries:
         opaque = entry.get("opaque") or {}
-        if opaque.get("driver") == driver:
+        scope = [str(r).partition("/")[0] for r in entry.get("requests") or []]
+        if opaque.get("driver") == driver and (not scope or request in scope):
             config = _config(opaque.get("parameters") or {}, config)
     return config
 
@@ -137,6 +145,17 @@ def pending_conditions(claim: Mapping[str, Any], driver: str, pool: str) -> list
         for s in shares(claim, driver, pool)
         if s.binding_conditions and (s.device, s.share_id) not in answered
     ]
+
+
+def refused_here(claim: Mapping[str, Any], driver: str, pool: str) -> bool:
+    """Whether the driver refused a share of the claim on this node (a True ``REFUSED``
+    condition in its ``status.devices``)."""
+    return any(
+        c.get("type") == REFUSED and c.get("status") == "True"
+        for d in (claim.get("status") or {}).get("devices") or []
+        if d.get("driver") == driver and d.get("pool") == pool
+        for c in d.get("conditions") or []
+    )
 
 
 def condition(kind: str, reason: str, message: str, at: str) -> Obj:

@@ -31,8 +31,14 @@ log = logging.getLogger(__name__)
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/plugins/gpushare.io"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGIN_TYPE = "DRAPlugin"
-# The kubelet takes the first service it supports: v1 first.
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The kubelet takes the first DRAPlugin service it supports: v1 first; then the health
+# services, served on the same socket.
+SUPPORTED_VERSIONS = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
 UNIX_PATH_BYTES = 107  # sun_path is 108 bytes with its terminating NUL
 
 

@@ -180,6 +180,8 @@ class SlicePublisher:
         self._node_uid = ""
         self.writes = 0  # creates, replaces and deletes sent
         self.generation = 0
+        self._accepted: tuple[tuple[SliceDevice, ...], list[Any]] | None = None
+        self.dropped: list[str] = []  # device fields the server did not keep (logged once)
         self.synced = asyncio.Event()  # set once the API holds the latest devices
 
     def publish(self, devices: Sequence[SliceDevice]) -> None:
@@ -231,29 +233,56 @@ class SlicePublisher:
         body = slice_body(self.driver, self.node, self._node_uid, desired, self.generation)
         keep = next((s for s in mine if generation_of(s) == highest), None)
         wrote = await self._delete_others(mine, keep)
-        if keep is not None and same_devices(keep, body) and _counted_one(keep):
+        if keep is not None and _counted_one(keep) and self._unchanged(keep, body, desired):
             self._synced_if(desired)
             return wrote
-        await self._write(keep, body)
+        stored = await self._write(keep, body)
+        self._accepted = (desired, _comparable(stored))
+        if _comparable(stored) != _comparable(body):
+            self._note_dropped(body, stored)
         self._synced_if(desired)
         return True
 
-    async def _write(self, keep: Obj | None, body: Obj) -> None:
+    def _unchanged(self, keep: Obj, body: Obj, desired: tuple[SliceDevice, ...]) -> bool:
+        """The stored slice already publishes ``desired``: the same devices, or what the
+        server kept of them when it was last written (fields it drops, such as binding
+        conditions or taints on a cluster without their feature gates, are not written
+        again and again)."""
+        if same_devices(keep, body):
+            return True
+        accepted = self._accepted
+        return accepted is not None and accepted[0] == desired and _comparable(keep) == accepted[1]
+
+    def _note_dropped(self, body: Obj, stored: Obj) -> None:
+        sent = {k for d in (body["spec"].get("devices") or []) for k in d}
+        kept = {k for d in ((stored.get("spec") or {}).get("devices") or []) for k in d}
+        dropped = sorted(sent - kept) or ["some values"]
+        if dropped != self.dropped:
+            self.dropped = dropped
+            log.warning(
+                "the API server dropped %s of the published devices (feature gates off?): "
+                "the scheduler does not see them",
+                ", ".join(dropped),
+            )
+
+    async def _write(self, keep: Obj | None, body: Obj) -> Obj:
+        """Create or replace the slice; the object as the server stored it."""
         self.generation += 1
         body["spec"]["pool"]["generation"] = self.generation
         self.writes += 1
         if keep is None:
             created = await self._api.create_resource_slice(body)
             log.info("published ResourceSlice %s (generation %d)", _name(created), self.generation)
-            return
+            return created
         body["metadata"] = {**body["metadata"], **_identity(keep)}
         del body["metadata"]["generateName"]
         try:
-            await self._api.replace_resource_slice(_name(keep), body)
+            stored = await self._api.replace_resource_slice(_name(keep), body)
         except Conflict:
             self._changed.set()  # changed under us: compare again at once
             raise
         log.info("updated ResourceSlice %s (generation %d)", _name(keep), self.generation)
+        return stored
 
     async def _delete_others(self, mine: list[Obj], keep: Obj | None) -> bool:
         wrote = False

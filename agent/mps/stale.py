@@ -195,6 +195,8 @@ def _exited(
     for lease in facts.leases:
         if lease.state is not LeaseState.READY or lease.device_uuid in skip:
             continue
+        if lease.held_by_claim:  # its container may restart: the claim says when it ends
+            continue
         own_alive = any(
             facts.processes.get(p, ProcessFact(ProcessState.GONE)).state is ProcessState.ALIVE
             for p in lease.client_pids

@@ -3,7 +3,7 @@ node's ledger, admitted through the same path as ``Admit`` (same rules, same dur
 store), pinned to the device the scheduler chose, under a request id made from the
 claim's UID and the share: asked again (a retried Prepare, the binding condition then
 Prepare) it answers the same lease. A claim prepared again after its lease ended (a claim
-that outlived its pod and serves a new one) takes the next id of the same share.
+that outlived its pod and serves a new one) takes a new id of the same share.
 
 What a share may consume is the scheduler's: the claim's ``consumedCapacity``; the
 driver's last line of defense is the ledger, which refuses what would overfill a device
@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from agent.core.errors import ConflictError, GpushareError
-from agent.core.lease import ENDED_REQUEST_ID_HINT, Lease
-from agent.core.types import AdmissionRequest, AdmitResult, PriorityClass
+from agent.core.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    GpushareError,
+    PermissionDeniedError,
+)
+from agent.core.lease import CLAIM_OWNER, CLAIM_REQUEST_PREFIX, ENDED_REQUEST_ID_HINT, Lease
+from agent.core.types import AdmissionRequest, AdmitResult, Decision, PriorityClass
 from agent.dra.claims import ClaimError, Share, ShareConfig, metadata, reserved_pods
 from agent.runtime.node import NodeService
 
 log = logging.getLogger(__name__)
 
-REQUEST_PREFIX = "dra:"
-OWNER = "dra"
-MAX_EPOCHS = 64  # a claim re-prepared more often than this on one node is refused
+REQUEST_PREFIX = CLAIM_REQUEST_PREFIX
+OWNER = CLAIM_OWNER
 
 
 def share_request_id(claim_uid: str, share: Share, epoch: int = 0) -> str:
@@ -59,12 +64,24 @@ class ShareAsk:
     config: ShareConfig
 
 
+def owner_pod(claim: Mapping[str, object]) -> tuple[str, str] | None:
+    """(name, uid) of the pod a claim was made for (from its template): its one user."""
+    owners = metadata(claim).get("ownerReferences") or []
+    for owner in owners if isinstance(owners, list) else []:
+        if isinstance(owner, Mapping) and owner.get("kind") == "Pod":
+            return str(owner.get("name") or ""), str(owner.get("uid") or "")
+    return None
+
+
 def admission_request(
     ask: ShareAsk, *, default_memory_bytes: int, default_thread_pct: float, epoch: int
 ) -> AdmissionRequest:
+    """The share's request. A claim made for one pod binds its lease to that pod's
+    processes (``workload``); a shared claim's lease takes any pod's that uses it."""
     meta = metadata(ask.claim)
     namespace, uid = str(meta.get("namespace") or ""), str(meta.get("uid") or "")
-    pods = reserved_pods(ask.claim)
+    owner = owner_pod(ask.claim)
+    pods = [owner] if owner else reserved_pods(ask.claim)
     share = ask.share
     return AdmissionRequest(
         request_id=share_request_id(uid, share, epoch),
@@ -76,15 +93,27 @@ def admission_request(
         profile=ask.config.profile,
         retention_floor=ask.config.retention_floor,
         device_uuid=ask.device_uuid,
-        workload=f"pod:{pods[0][1]}" if pods and pods[0][1] else "",
+        workload=f"pod:{owner[1]}" if owner and owner[1] else "",
         pod=f"{namespace}/{pods[0][0]}" if pods and pods[0][0] else "",
         owner=OWNER,
     )
 
 
+def one_share_per_node(mine: Sequence[Share]) -> None:
+    """A claim gets one share on a node: a process talks to one MPS server, and the
+    environment of two shares in one container would contradict itself."""
+    if len(mine) > 1:
+        devices = ", ".join(s.device for s in mine)
+        raise ClaimError(
+            f"ONE_SHARE_PER_NODE: the claim holds {len(mine)} shares on this node ({devices}); "
+            "a gpushare claim gets one device per node (use one claim per container)"
+        )
+
+
 def claim_leases(leases: Iterable[Lease], claim_uid: str) -> Iterator[Lease]:
+    """The claim's live shares: the driver's leases (``owner``) of its request ids."""
     prefix = f"{REQUEST_PREFIX}{claim_uid}:"
-    return (x for x in leases if x.request_id.startswith(prefix))
+    return (x for x in leases if x.held_by_claim and x.request_id.startswith(prefix))
 
 
 class ShareLeases:
@@ -101,7 +130,7 @@ class ShareLeases:
 
     @asynccontextmanager
     async def claim_lock(self, claim_uid: str) -> AsyncIterator[None]:
-        """One Prepare, Unprepare or binding answer of a claim at a time."""
+        """One Prepare, Unprepare, binding answer or reconcile of a claim at a time."""
         lock = self._locks.setdefault(claim_uid, asyncio.Lock())
         self._users[claim_uid] = self._users.get(claim_uid, 0) + 1
         try:
@@ -120,34 +149,55 @@ class ShareLeases:
         return None
 
     async def admit(self, ask: ShareAsk) -> AdmitResult:
-        """The share's lease: the live one, or a new admission under the share's first
-        request id not used by an ended lease."""
+        """The share's lease: its live one as it is (whoever the claim is reserved for
+        now), or a new admission under the share's first request id no ended lease used.
+        Call under the claim's lock."""
         uid = str(metadata(ask.claim).get("uid") or "")
-        for epoch in range(MAX_EPOCHS):
-            request = admission_request(
-                ask,
-                default_memory_bytes=self._default_memory_bytes,
-                default_thread_pct=self._default_thread_pct,
-                epoch=epoch,
-            )
+        held = self.live(uid, ask.share)
+        if held is not None:
+            decision = Decision(True, held.device_uuid, message="already admitted (its share)")
+            return self._node.admissions.result(decision, held)
+        try:
+            return await self._admit_as(ask, 0)
+        except AlreadyExistsError:
+            pass  # an ended lease of this share, asked for otherwise then
+        except ConflictError as exc:
+            if ENDED_REQUEST_ID_HINT not in str(exc):
+                raise ClaimError(str(exc)) from exc
+        # The share's first id belongs to a lease that ended (the claim outlived its pod
+        # and serves another here): a new id, unique, as no live lease holds the share.
+        return await self._admit_as(ask, time.time_ns())
+
+    async def _admit_as(self, ask: ShareAsk, epoch: int) -> AdmitResult:
+        request = admission_request(
+            ask,
+            default_memory_bytes=self._default_memory_bytes,
+            default_thread_pct=self._default_thread_pct,
+            epoch=epoch,
+        )
+        try:
+            return await self._node.admit(request)
+        except PermissionDeniedError as exc:  # made by another caller: not ours
+            raise ClaimError(str(exc)) from exc
+
+    async def release(self, lease_ids: Iterable[str], claim_uid: str, why: str) -> list[str]:
+        """Release these leases of the claim that are still live; the ids released."""
+        released = []
+        for lease_id in lease_ids:
+            if lease_id not in self._node.leases:
+                continue
             try:
-                return await self._node.admit(request)
-            except ConflictError as exc:
-                if ENDED_REQUEST_ID_HINT not in str(exc):
-                    raise ClaimError(str(exc)) from exc
-        raise ClaimError(f"claim {uid} was prepared {MAX_EPOCHS} times on this node: refused")
+                await self._node.release(lease_id)
+            except GpushareError as exc:
+                if lease_id in self._node.leases:
+                    raise
+                log.debug("lease %s ended meanwhile: %s", lease_id, exc)
+                continue
+            released.append(lease_id)
+            log.info("released lease %s of claim %s (%s)", lease_id, claim_uid, why)
+        return released
 
     async def release_claim(self, claim_uid: str, why: str) -> list[str]:
         """Release every live lease of the claim; the ids released."""
-        released = []
-        for lease in list(claim_leases(self._node.leases.values(), claim_uid)):
-            try:
-                await self._node.release(lease.lease_id)
-            except GpushareError as exc:
-                if lease.lease_id in self._node.leases:
-                    raise
-                log.debug("lease %s ended meanwhile: %s", lease.lease_id, exc)
-                continue
-            released.append(lease.lease_id)
-            log.info("released lease %s of claim %s (%s)", lease.lease_id, claim_uid, why)
-        return released
+        held = [x.lease_id for x in claim_leases(self._node.leases.values(), claim_uid)]
+        return await self.release(held, claim_uid, why)

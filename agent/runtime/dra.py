@@ -26,7 +26,7 @@ from agent.config.dra import DraSettings
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease
 from agent.core.types import Decision, Device
-from agent.core.units import parse_bytes
+from agent.core.units import MIB, parse_bytes
 from agent.dra.cdi import (
     CdiDevice,
     CdiDeviceNode,
@@ -37,10 +37,10 @@ from agent.dra.cdi import (
     write_spec,
 )
 from agent.dra.claims import ClaimError, Share, allocation, metadata, share_config, shares
-from agent.dra.port import ClaimRef, DeviceHealth, Prepared, PreparedDevice
+from agent.dra.port import DRIVER_NAME, ClaimRef, DeviceHealth, Prepared, PreparedDevice
 from agent.dra.slices import SlicePublisher
 from agent.kubeapi.port import KubeError, NotFound, ResourceApi
-from agent.runtime.claims import ShareAsk, ShareLeases
+from agent.runtime.claims import ShareAsk, ShareLeases, one_share_per_node
 from agent.runtime.drainventory import (
     FloorOf,
     Inventory,
@@ -50,6 +50,7 @@ from agent.runtime.drainventory import (
 )
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
+from agent.runtime.section import run_to_end
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,8 @@ class ClaimDriver:
         self.on_health: Callable[[], None] = lambda: None  # the health stream's "send again"
         self.leases = ShareLeases(
             node,
-            default_memory_bytes=parse_bytes(settings.default_memory),
-            default_thread_pct=float(settings.default_threads),
+            default_memory_bytes=parse_bytes(settings.default_memory) // MIB * MIB,
+            default_thread_pct=float(settings.default_thread_pct),
         )
         self.inventory = Inventory((), {}, {})
         self._health: list[DeviceHealth] = []
@@ -109,7 +110,7 @@ class ClaimDriver:
 
     @property
     def driver_name(self) -> str:
-        return self.settings.driver_name
+        return DRIVER_NAME
 
     # -- what is published ------------------------------------------------------------
 
@@ -126,9 +127,12 @@ class ClaimDriver:
             self.on_health()
 
     def note(self, kind: str, message: str, claim: Mapping[str, object], **attrs: str) -> None:
-        """An event about a claim (``dra.*``), naming it."""
+        """An event about a claim (``dra.*``), naming it (by its UID where that is all
+        that is known of it)."""
         meta = metadata(claim)
-        named = {"claim": f"{meta.get('namespace')}/{meta.get('name')}", **attrs}
+        named = {"claim_uid": str(meta.get("uid") or ""), **attrs}
+        if meta.get("name"):
+            named["claim"] = f"{meta.get('namespace')}/{meta.get('name')}"
         self._events(kind, message, attrs=named)
 
     def live_leases(self) -> list[Lease]:
@@ -142,17 +146,21 @@ class ClaimDriver:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Prepared]:
         answers = await asyncio.gather(*(self._prepare_one(c) for c in claims))
-        self.refresh()
         return {c.uid: a for c, a in zip(claims, answers, strict=True)}
 
     async def _prepare_one(self, ref: ClaimRef) -> Prepared:
+        """One claim's answer. Its work runs to its end even if the kubelet gives up on the
+        call (a deadline): a lease admitted is then in its spec, for the next Prepare."""
         try:
             claim = await self._read(ref)
-            async with self.leases.claim_lock(ref.uid):
-                return await self._prepare_claim(ref, claim)
+            return await run_to_end(self._prepare_locked(ref, claim), what=f"prepare of {ref}")
         except ClaimError as exc:
             log.warning("claim %s not prepared: %s", ref, exc)
             return Prepared(error=str(exc))
+
+    async def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, object]) -> Prepared:
+        async with self.leases.claim_lock(ref.uid):
+            return await self._prepare_claim(ref, claim)
 
     async def _read(self, ref: ClaimRef) -> Mapping[str, object]:
         try:
@@ -171,6 +179,7 @@ class ClaimDriver:
         mine = shares(claim, self.driver_name, self.node_name)
         if not mine:
             return Prepared()  # nothing of this driver on this node
+        one_share_per_node(mine)
         admitted: list[tuple[Share, Lease]] = []
         fresh: list[str] = []
         try:
@@ -184,6 +193,12 @@ class ClaimDriver:
         except (ClaimError, GpushareError, OSError) as exc:
             await self._give_back(ref, fresh)
             raise ClaimError(str(exc)) from exc
+        except Exception as exc:
+            log.exception("preparing claim %s failed", ref)
+            await self._give_back(ref, fresh)
+            raise ClaimError(
+                "the gpushare agent failed to prepare this claim; see its log"
+            ) from exc
         return Prepared(devices=tuple(self._prepared(ref.uid, s) for s, _ in admitted))
 
     async def admit_share(self, claim: Mapping[str, object], share: Share) -> Lease:
@@ -191,7 +206,7 @@ class ClaimDriver:
         uuid = self.inventory.uuid_of.get(share.device)
         if uuid is None:
             raise ClaimError(f"device {share.device} is not published by this node")
-        config = share_config(claim, self.driver_name)
+        config = share_config(claim, self.driver_name, share.request)
         result = await self.leases.admit(ShareAsk(claim, share, uuid, config))
         if not result.decision.admitted or result.lease is None:
             reason = result.decision.reason.value if result.decision.reason else "REFUSED"
@@ -231,14 +246,16 @@ class ClaimDriver:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         answers = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
-        self.refresh()
         return {c.uid: a for c, a in zip(claims, answers, strict=True)}
+
+    async def _unprepare_locked(self, ref: ClaimRef) -> None:
+        async with self.leases.claim_lock(ref.uid):
+            await self.leases.release_claim(ref.uid, "unprepared by the kubelet")
+            await asyncio.to_thread(remove_spec, self._paths.cdi_dir, ref.uid)
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         try:
-            async with self.leases.claim_lock(ref.uid):
-                await self.leases.release_claim(ref.uid, "unprepared by the kubelet")
-                await asyncio.to_thread(remove_spec, self._paths.cdi_dir, ref.uid)
+            await run_to_end(self._unprepare_locked(ref), what=f"unprepare of {ref}")
         except (GpushareError, OSError) as exc:
             log.warning("claim %s not unprepared: %s", ref, exc)
             return f"cannot unprepare claim {ref.namespace}/{ref.name}: {exc}"

@@ -3,12 +3,15 @@ shared GPU or MIG instance, its consumable capacities, the attributes a CEL sele
 ask for, taints for devices closed to new shares, and the devices' health. Pure: the
 same views give the same slice (so an unchanged node writes nothing).
 
-Capacities agree with the ledger by construction: ``memory`` is the device's memory less
-the reserve and a CUDA context overhead for each of the ``clients`` a device may take, so
-any set of shares the scheduler fits on a device fits the ledger too."""
+Memory and clients agree with the ledger by construction: ``memory`` is the device's memory
+less the reserve and a CUDA context overhead for each of the ``clients`` a device may take,
+so any set of shares the scheduler fits on a device fits the ledger's memory and client cap.
+What the slice cannot say (the guaranteed-thread budget, the trust domain, the retention
+gate) the agent says at the binding answer, and again at Prepare."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,12 +21,11 @@ from agent.config.dra import DraSettings
 from agent.core.quantity import binary_quantity
 from agent.core.types import Device, ReasonCode
 from agent.core.units import MIB, parse_bytes
+from agent.dra.claims import ADMITTED, REFUSED
 from agent.dra.port import DeviceHealth, Health
 from agent.dra.slices import Capacity, SliceDevice, Taint
 
 MIN_SHARE_BYTES = 256 * MIB
-ADMITTED = "gpushare.io/admitted"
-REFUSED = "gpushare.io/refused"
 QUIET_THREADS_PCT = 50.0  # at most this much compute committed: "quiet"
 TAINT_OF_REASON = {
     ReasonCode.DRAINING: "gpushare.io/drained",
@@ -49,20 +51,31 @@ def device_name(device: Device, by_uuid: Mapping[str, Device]) -> str:
     return f"gpu-{parent_index}-mig-{device.gpu_instance_id}"
 
 
+def clients_of(device: Device, rules: Rules, dra: DraSettings) -> int:
+    """How many shares a device takes at most: ``dra.clients_per_device``, fewer where its
+    memory cannot give each a context and the smallest share (a small MIG instance)."""
+    per_share = rules.context_overhead_bytes + MIN_SHARE_BYTES
+    fits = (device.memory_bytes - rules.reserve_bytes) // per_share
+    return max(0, min(dra.clients_per_device, fits))
+
+
 def memory_capacity_bytes(device: Device, rules: Rules, clients: int) -> int:
     """What the shares of one device may take in all, whole MiB."""
     free = device.memory_bytes - rules.reserve_bytes - rules.context_overhead_bytes * clients
     return max(0, free // MIB * MIB)
 
 
-def capacities(device: Device, rules: Rules, dra: DraSettings) -> dict[str, Capacity] | None:
-    """The device's consumable capacities; None when it cannot hold even one share."""
-    memory_bytes = memory_capacity_bytes(device, rules, dra.clients_per_device)
-    if memory_bytes < MIN_SHARE_BYTES:
+@functools.lru_cache(maxsize=256)  # a node's few devices under its one set of settings
+def capacities(device: Device, rules: Rules, dra: DraSettings) -> Mapping[str, Capacity] | None:
+    """The device's consumable capacities; None when it cannot hold even one share (its
+    request policies need a range of at least two values: the smallest share and one
+    MiB more)."""
+    clients = clients_of(device, rules, dra)
+    memory_bytes = memory_capacity_bytes(device, rules, clients)
+    if clients < 1 or memory_bytes < MIN_SHARE_BYTES + MIB:
         return None
     default_memory = min(parse_bytes(dra.default_memory) // MIB * MIB, memory_bytes)
     default_memory = max(default_memory, MIN_SHARE_BYTES)
-    threads_total = max(1, int(rules.thread_budget_pct))
     return {
         "memory": Capacity(
             value=binary_quantity(memory_bytes),
@@ -71,15 +84,18 @@ def capacities(device: Device, rules: Rules, dra: DraSettings) -> dict[str, Capa
             max=binary_quantity(memory_bytes),
             step="1Mi",
         ),
-        "threads": Capacity(
-            value=str(threads_total),
-            default=str(min(dra.default_threads, 100, threads_total)),
-            min="1",
-            max=str(min(100, threads_total)),
-            step="1",
-        ),
-        "clients": Capacity(value=str(dra.clients_per_device), default="1", valid_values=("1",)),
+        "threads": thread_capacity(rules, dra),
+        "clients": Capacity(value=str(clients), default="1", valid_values=("1",)),
     }
+
+
+def thread_capacity(rules: Rules, dra: DraSettings) -> Capacity:
+    """Thread percentages add up to the thread budget, at most 100 a share."""
+    total = max(1, int(rules.thread_budget_pct))
+    default = str(min(dra.default_thread_pct, 100, total))
+    if total == 1:  # a range needs min + step <= value: one value only
+        return Capacity(value="1", default="1", valid_values=("1",))
+    return Capacity(value=str(total), default=default, min="1", max=str(min(100, total)), step="1")
 
 
 def taints(view: DeviceView) -> tuple[Taint, ...]:

@@ -13,6 +13,7 @@ from agent.admission.policy import Rules
 from agent.config import Settings
 from agent.core.errors import ConfigError
 from agent.dra.plugin import DraPluginServer
+from agent.dra.port import DRIVER_NAME
 from agent.dra.service import DraService
 from agent.dra.slices import SlicePublisher
 from agent.kubeapi.port import ResourceApi
@@ -123,7 +124,7 @@ async def start_dra_driver(
     check_settings(settings)
     api = resource_api(settings)
     publisher = SlicePublisher(
-        api, driver=d.driver_name, node=node_name, min_interval_s=d.slice_min_interval_s
+        api, driver=DRIVER_NAME, node=node_name, min_interval_s=d.slice_min_interval_s
     )
     driver = ClaimDriver(
         node,
@@ -139,7 +140,7 @@ async def start_dra_driver(
     service = DraService(driver)
     driver.on_health = service.health_changed
     server = DraPluginServer(
-        service, driver_name=d.driver_name, plugin_dir=d.plugin_dir, registry_dir=d.registry_dir
+        service, driver_name=DRIVER_NAME, plugin_dir=d.plugin_dir, registry_dir=d.registry_dir
     )
     await server.start()
     answers = BindingAnswers(driver, api) if d.binding_conditions else None
@@ -148,7 +149,7 @@ async def start_dra_driver(
     )
     log.info(
         "DRA driver %s on node %s: %d device(s) published",
-        d.driver_name,
+        DRIVER_NAME,
         node_name,
         len(driver.inventory.devices),
     )

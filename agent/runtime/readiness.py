@@ -102,7 +102,7 @@ class ReadinessWatcher:
         return actions
 
     async def _overdue(self, lease: Lease) -> str:
-        if self._policy == "reclaim":
+        if self._policy == "reclaim" and not lease.held_by_claim:
             await self._node.mark_ineffective(lease)
             return f"ineffective {lease.lease_id}"
         if lease.lease_id not in self._reported:

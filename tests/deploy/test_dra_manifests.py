@@ -19,7 +19,8 @@ from agent.config.loading import env_name, load_settings, setting_fields
 from agent.dra.port import DRIVER_NAME
 from agent.kube.annotations import PREFIX, wants_share
 from agent.kubeapi.connection import SERVICE_ACCOUNT
-from tests.deploy.test_kube_manifests import json_patch
+from agent.kubeapi.port import ResourceApi
+from tests.deploy.test_kube_manifests import json_patch, rest_calls
 from tests.helpers import REPO
 
 DRA = REPO / "deploy" / "dra"
@@ -37,7 +38,6 @@ EXTENDED_RESOURCE = "gpushare.io/gpu"
 # timeout and shm_dir, left at their defaults.
 DRA_DEFAULTS: dict[str, object] = {
     "enabled": False,
-    "driver_name": "gpushare.io",
     "plugin_dir": "/var/lib/kubelet/plugins/gpushare.io",
     "registry_dir": "/var/lib/kubelet/plugins_registry",
     "cdi_dir": "/var/run/cdi",
@@ -45,7 +45,7 @@ DRA_DEFAULTS: dict[str, object] = {
     "binding_conditions": True,
     "clients_per_device": 16,
     "default_memory": "8GiB",
-    "default_threads": 25,
+    "default_thread_pct": 25,
     "slice_min_interval_s": 1.0,
     "reconcile_interval_s": 30,
 }
@@ -59,20 +59,23 @@ FEATURE_GATES = {
     "DRAExtendedResource",
 }
 
-# What the driver calls, as (API group, resource, verb, resource name or None for any).
+# What the driver calls, as (API group, resource, verb, resource name or None for any):
+# the ResourceApi methods the driver's code calls, each as its adapter sends it, and the
+# authorization the API server asks from 1.36 for the claim-status write.
 RESOURCE = "resource.k8s.io"
-NEEDED = {
-    *((RESOURCE, "resourceslices", verb, None)
-      for verb in ("get", "list", "watch", "create", "update", "patch", "delete")),
-    *((RESOURCE, "resourceclaims", verb, None) for verb in ("get", "list", "watch")),
-    (RESOURCE, "resourceclaims/status", "update", None),
-    (RESOURCE, "resourceclaims/status", "patch", None),
+
+
+def driver_calls() -> set[tuple[str, str, str, str | None]]:
+    methods = [n for n in vars(ResourceApi) if not n.startswith("_") and n != "aclose"]
+    sources = [p.read_text() for d in ("dra", "runtime") for p in (REPO / "agent" / d).glob("*.py")]
+    used = {m for m in methods if any(re.search(rf"\.{m}\(", text) for text in sources)}
+    calls = rest_calls()
+    return {(g, r, v, None) for m in used for g, r, v in calls[m]}
+
+
+NEEDED = driver_calls() | {
     (RESOURCE, "resourceclaims/driver", "associated-node:update", DRIVER_NAME),
-    (RESOURCE, "resourceclaims/driver", "associated-node:patch", DRIVER_NAME),
-    (RESOURCE, "drivers", "update-device-status", DRIVER_NAME),
-    ("", "nodes", "get", None),
-    *((RESOURCE, "deviceclasses", verb, None) for verb in ("get", "list", "watch")),
-}  # fmt: skip
+}
 # Calls the driver never makes: each must be refused.
 REFUSED = [
     ("", "pods", "get", None),
@@ -190,7 +193,7 @@ def test_the_device_class_selects_the_driver_and_maps_the_extended_resource() ->
     dra = agent_config(DRA / "agent-config.yaml")["dra"]
     text = path.read_text()
     assert f'"{dra["default_memory"]}"' in text and "dra.default_memory" in text
-    assert re.search(rf"threads\s+{dra['default_threads']} \(dra\.default_threads", text)
+    assert re.search(rf"threads\s+{dra['default_thread_pct']} \(dra\.default_thread_pct", text)
     assert re.search(r"clients\s+1 ", text)
 
 
@@ -440,7 +443,7 @@ def test_the_sockets_fit_a_unix_socket_path() -> None:
         f"{dra['plugin_dir']}/dra.sock",
     ):
         assert len(socket.encode()) < 108, socket
-    assert dra["plugin_dir"] == f"/var/lib/kubelet/plugins/{dra['driver_name']}"
+    assert dra["plugin_dir"] == f"/var/lib/kubelet/plugins/{DRIVER_NAME}"
 
 
 def test_the_kind_daemonset_mounts_the_simulated_dirs_and_the_dra_dirs() -> None:
@@ -477,7 +480,6 @@ def test_the_dra_config_is_the_shipped_one_with_dra_on_and_the_device_plugin_off
     dra = config["dra"]
     assert set(dra) <= DRA_KEYS, set(dra) - DRA_KEYS
     assert dra == DRA_DEFAULTS | {"enabled": True}
-    assert dra["driver_name"] == DRIVER_NAME
 
 
 def test_the_kind_dra_config_is_the_dra_one_on_a_simulated_node() -> None:

@@ -148,27 +148,51 @@ async def test_each_share_gets_one_answer_whatever_the_write_outcome(
     if fault is not None:
         api.fail_next("PUT", r"/resourceclaims/ok/status", **fault)
     async with answering(kube, driver):
-        api.put_object("resourceclaims", claim("ok", "gpu-0", "gpu-1"))
-        await until(lambda: len(conditions(api, "ok")) == 2)
+        api.put_object("resourceclaims", claim("ok", "gpu-0"))
+        api.put_object("resourceclaims", claim("ok2", "gpu-1"))
+        await until(lambda: bool(conditions(api, "ok")) and bool(conditions(api, "ok2")))
         await asyncio.sleep(0.3)  # nothing more comes
-    assert sorted(conditions(api, "ok")) == [
-        ("gpu-0", "gpushare.io/admitted", "Admitted"),
-        ("gpu-1", "gpushare.io/admitted", "Admitted"),
-    ]
+    assert conditions(api, "ok") == [("gpu-0", "gpushare.io/admitted", "Admitted")]
+    assert conditions(api, "ok2") == [("gpu-1", "gpushare.io/admitted", "Admitted")]
     assert len(driver.admitted) == len(driver.node.leases) == 2  # one lease per share
 
 
-async def test_one_refused_share_refuses_the_claim_and_gives_its_other_leases_back(
-    api: FakeApiServer, kube: RestKubeApi
-) -> None:
+async def test_a_refused_share_keeps_no_lease(api: FakeApiServer, kube: RestKubeApi) -> None:
     driver = FakeDriver(full={"gpu-1"})
     async with answering(kube, driver) as answers:
-        api.put_object("resourceclaims", claim("noisy", "gpu-0", "gpu-1"))
-        await until(lambda: len(conditions(api, "noisy")) == 2)
-    assert {c[1:] for c in conditions(api, "noisy")} == {("gpushare.io/refused", "NO_MEMORY")}
-    assert driver.node.leases == {}  # gpu-0's lease went back
-    assert answers.refused == 2
+        api.put_object("resourceclaims", claim("noisy", "gpu-1"))
+        await until(lambda: bool(conditions(api, "noisy")))
+    assert conditions(api, "noisy") == [("gpu-1", "gpushare.io/refused", "NO_MEMORY")]
+    assert driver.node.leases == {}
+    assert answers.refused == 1
     assert driver.notes == [("dra.refused", "NO_MEMORY")]
+
+
+async def test_a_refusal_whose_answer_was_lost_keeps_no_lease(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    """The refusal lands but its answer is lost: the claim is read again before anything
+    else, so no share is admitted again behind the refusal."""
+    driver = FakeDriver(full={"gpu-1"})
+    api.fail_next("PUT", r"/resourceclaims/noisy/status", status=500, landed=True)
+    async with answering(kube, driver):
+        api.put_object("resourceclaims", claim("noisy", "gpu-1"))
+        await until(lambda: bool(conditions(api, "noisy")))
+        await asyncio.sleep(0.3)
+    assert driver.node.leases == {} and driver.admitted == []
+
+
+async def test_a_claim_with_two_shares_on_the_node_is_refused_whole(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    driver = FakeDriver(full=set())
+    async with answering(kube, driver):
+        api.put_object("resourceclaims", claim("two", "gpu-0", "gpu-1"))
+        await until(lambda: len(conditions(api, "two")) == 2)
+    assert {c[1:] for c in conditions(api, "two")} == {
+        ("gpushare.io/refused", "ONE_SHARE_PER_NODE")
+    }
+    assert driver.node.leases == {} and driver.admitted == []
 
 
 async def test_claims_of_other_drivers_nodes_or_without_conditions_are_left_alone(

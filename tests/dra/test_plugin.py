@@ -93,7 +93,8 @@ async def test_registration_names_the_driver_its_socket_and_v1_first(
         info = await stub.GetInfo(registration_pb2.InfoRequest())
         assert (info.type, info.name) == ("DRAPlugin", "gpushare.io")
         assert info.endpoint == str(root / "plugins" / "gpushare.io" / "dra.sock")
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert "v1alpha1.DRAResourceHealth" in info.supported_versions
         await stub.NotifyRegistrationStatus(
             registration_pb2.RegistrationStatus(plugin_registered=False, error="version")
         )

@@ -4,6 +4,8 @@ the same lease and the same CDI device."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,3 +75,40 @@ async def test_a_claim_gone_or_replaced_is_refused_by_name(root: Path) -> None:
         )
         gone = await node.kubelet.prepare([a])
         assert "does not exist" in str(gone[a["metadata"]["uid"]])
+
+
+async def test_a_claim_prepared_again_gets_a_new_lease_and_a_reallocated_share_replaces_its_old(
+    root: Path,
+) -> None:
+    async with dra_cluster(root, nodes=1) as cluster:
+        [node] = cluster.nodes.values()
+        await cluster.apply(claim_template("t", memory="4Gi"))
+        await cluster.apply(claim_pod("a", "t"))
+        await running(cluster, "a")
+        a = claim_of(cluster, "a")
+        [first] = await node.leases()
+        # unprepared (its pod gone), then prepared again for the next pod on this node
+        assert await node.kubelet.unprepare([a]) == {a["metadata"]["uid"]: ""}
+        assert await node.leases() == []
+        answer = await node.kubelet.prepare([a])
+        assert not isinstance(answer[a["metadata"]["uid"]], str)
+        [second] = await node.leases()
+        assert second.lease_id != first.lease_id and second.request_id != first.request_id
+        # deallocated and allocated here again: a new share; the reconcile ends the old
+        moved = json.loads(json.dumps(a))
+        result = moved["status"]["allocation"]["devices"]["results"][0]
+        result["shareID"] = "5e0e2d4c-1111-4222-8333-444455556666"
+        moved["status"].pop("devices", None)
+        cluster.api_server.put_object("resourceclaims", {**a, "status": {}})  # deallocated
+        cluster.api_server.put_object("resourceclaims", moved)
+        answer = await node.kubelet.prepare([moved])
+        assert not isinstance(answer[a["metadata"]["uid"]], str)
+
+        async def only_the_new_share() -> bool:
+            leases = await node.leases()
+            return [x.request_id.split(":")[2] for x in leases] == [result["shareID"]]
+
+        async with asyncio.timeout(30):
+            while not await only_the_new_share():
+                await asyncio.sleep(0.1)
+        assert (node.cdi_dir / f"gpushare.io-claim_{a['metadata']['uid']}.json").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -167,3 +168,33 @@ async def test_a_conflicting_update_is_compared_again(
     assert await slices.sync_once() is True
     [stored] = api.objects("resourceslices")
     assert stored["spec"]["devices"][0]["taints"][0]["key"] == "gpushare.io/drained"
+
+
+class GatesOffApi(RestKubeApi):
+    """An API server without the binding-conditions gate: it drops those fields."""
+
+    async def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await super().create_resource_slice(self._drop(body))
+
+    async def replace_resource_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await super().replace_resource_slice(name, self._drop(body))
+
+    @staticmethod
+    def _drop(body: dict[str, Any]) -> dict[str, Any]:
+        gated = ("bindsToNode", "bindingConditions", "bindingFailureConditions")
+        devices = [{k: v for k, v in d.items() if k not in gated} for d in body["spec"]["devices"]]
+        return {**body, "spec": {**body["spec"], "devices": devices}}
+
+
+async def test_fields_the_server_drops_are_said_once_and_not_written_again(
+    api: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with GatesOffApi.from_url(api.url, token=TOKEN, timeout_s=2.0) as gates_off:
+        slices = publisher(gates_off)  # type: ignore[arg-type]
+        slices.publish([device()])
+        assert await slices.sync_once() is True
+        assert slices.dropped == ["bindingConditions", "bindingFailureConditions", "bindsToNode"]
+        for _ in range(3):
+            assert await slices.sync_once() is False  # at rest, not rewritten every pass
+        assert slices.writes == 1
+        assert caplog.text.count("dropped") == 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from agent.admission.degradation import DegradationRule, DeviceHealth, step
-from agent.core.lease import Lease, LeaseState
+import dataclasses
+
+from agent.admission.degradation import DegradationRule, DeviceHealth, eviction_candidate, step
+from agent.core.lease import CLAIM_OWNER, Lease, LeaseState
 from agent.core.types import PriorityClass
 
 RULE = DegradationRule(w=3, margin=0.05, cooldown_windows=2)
@@ -94,3 +96,11 @@ def test_eviction_can_be_switched_off() -> None:
 def test_unprotected_devices_never_degrade() -> None:
     unprotected = LEASES[1:]
     assert not any(s.health.degraded for s in run([0.1] * 5, unprotected))
+
+
+def test_a_dra_claims_share_is_never_the_one_evicted() -> None:
+    young_claim = dataclasses.replace(
+        lease("claim", PriorityClass.BEST_EFFORT, 40.0), owner=CLAIM_OWNER
+    )
+    assert eviction_candidate([*LEASES, young_claim]).lease_id == "young-be"  # type: ignore[union-attr]
+    assert eviction_candidate([young_claim]) is None

@@ -8,7 +8,7 @@ import pytest
 
 from agent.admission.capacity import StandardSize, place_batch, stranded
 from agent.admission.policy import DeviceView, Placement, Rules, check, decide
-from agent.core.lease import Lease, LeaseState
+from agent.core.lease import CLAIM_OWNER, Lease, LeaseState
 from agent.core.types import (
     AdmissionRequest,
     Device,
@@ -293,3 +293,17 @@ def test_a_request_pinned_to_a_device_is_decided_there_alone(
     else:
         assert decision.reason is expected
         assert all(a.device_uuid == pinned for a in decision.attempts)
+
+
+def test_dra_shares_neither_preempt_nor_are_preempted() -> None:
+    claim_share = dataclasses.replace(
+        lease(70, 10, priority=BE, lease_id="claim"), owner=CLAIM_OWNER
+    )
+    full = [DeviceView(device(0), (claim_share,))]
+    guaranteed = request(20, priority=G)
+    assert not decide(guaranteed, full, RULES, now=0.0).admitted  # the share stays
+    plain = dataclasses.replace(claim_share, owner="", lease_id="plain")
+    beatable = [DeviceView(device(0), (plain,))]
+    assert decide(guaranteed, beatable, RULES, now=0.0).preempted_lease_ids == ("plain",)
+    pinned = dataclasses.replace(guaranteed, device_uuid="GPU-0")
+    assert not decide(pinned, beatable, RULES, now=0.0).admitted  # pinned: no preemption

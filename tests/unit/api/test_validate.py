@@ -109,3 +109,16 @@ def test_a_sizing_out_of_range_names_the_sizing(sizing: pb.Sizing, field: str) -
         validate.request(message)
     assert error.value.field == field
     assert "sizing" in str(error.value)
+
+
+def test_request_ids_of_the_dra_driver_are_kept_for_it() -> None:
+    from agent.api.proto import agent_pb2 as pb
+    from agent.api.validate import request
+    from agent.core.errors import ValidationError
+
+    message = pb.Request(
+        request_id="dra:claim-uid:share", tenant="t", trust_domain="t",
+        priority=pb.BURSTABLE, memory_bytes=2**30, thread_pct=10,
+    )  # fmt: skip
+    with pytest.raises(ValidationError, match="the DRA driver's"):
+        request(message)

@@ -101,7 +101,7 @@ CONFIG_CASES = [
 
 @pytest.mark.parametrize(("why", "obj", "expected"), CONFIG_CASES)
 def test_share_config(why: str, obj: dict[str, Any], expected: ShareConfig) -> None:
-    assert share_config(obj, DRIVER) == expected, why
+    assert share_config(obj, DRIVER, "gpu") == expected, why
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_share_config(why: str, obj: dict[str, Any], expected: ShareConfig) -> N
 )
 def test_bad_share_configs_are_refused(parameters: dict[str, Any], message: str) -> None:
     with pytest.raises(ClaimError, match=message):
-        share_config(config(parameters), DRIVER)
+        share_config(config(parameters), DRIVER, "gpu")
 
 
 def test_reserved_pods() -> None:
@@ -142,3 +142,21 @@ def test_binding_answers_owed_and_written() -> None:
         "shareID": "s0",
         "conditions": [yes],
     }
+
+
+def test_admin_access_results_are_not_shares() -> None:
+    obj = claim([result("gpu-0", adminAccess=True), result("gpu-1")])
+    assert [s.device for s in shares(obj, DRIVER, NODE)] == ["gpu-1"]
+
+
+def test_a_config_entry_naming_requests_applies_to_those_only() -> None:
+    obj = config()
+    obj["status"]["allocation"]["devices"]["config"] = [
+        {
+            "requests": ["big"],
+            "opaque": {"driver": DRIVER, "parameters": {**SC, "priority": "guaranteed"}},
+        },
+        {"opaque": {"driver": DRIVER, "parameters": {**SC, "profile": "etl-batch"}}},
+    ]
+    assert share_config(obj, DRIVER, "big") == ShareConfig("guaranteed", "etl-batch")
+    assert share_config(obj, DRIVER, "gpu") == ShareConfig("burstable", "etl-batch")

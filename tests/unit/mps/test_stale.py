@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.core.lease import Lease, LeaseState
+from agent.core.lease import CLAIM_OWNER, Lease, LeaseState
 from agent.core.types import MpsDaemonState, MpsServerState, PriorityClass
 from agent.core.units import GIB
 from agent.mps.stale import (
@@ -217,3 +217,11 @@ def test_enforce_terminates_only_the_clients_the_cgroup_says_are_the_leases() ->
         Policy(memory="enforce"),
     )
     assert [a.clients for a in hint_only] == [()], "reported, never enforced"
+
+
+def test_a_dra_claims_lease_is_not_released_when_its_processes_exit() -> None:
+    """Its container may restart; the kubelet's Unprepare ends it."""
+    held = dataclasses.replace(lease("l-1", pids=(41,)), owner=CLAIM_OWNER)
+    memory = Memory(exited_since={"l-1": 0.0})
+    actions, _ = plan(facts((), {41: ProcessFact(GONE)}, (held,), now=1000.0), memory, Policy())
+    assert [a for a in actions if a.kind is ActionKind.RELEASE] == []

@@ -27,7 +27,7 @@ from agent.runtime.drastart import check_settings
 from tests.helpers import sim_settings
 
 RULES = Rules(reserve_bytes=GIB, context_overhead_bytes=512 * MIB, thread_budget_pct=200)
-DRA = DraSettings(clients_per_device=16, default_memory="8GiB", default_threads=25)
+DRA = DraSettings(clients_per_device=16, default_memory="8GiB", default_thread_pct=25)
 H100 = Device("GPU-a", 0, "H100-SXM5-80GB", 80 * GIB, compute_capability=(9, 0))
 
 
@@ -67,10 +67,34 @@ def test_any_set_of_shares_the_scheduler_fits_fits_the_ledger(shares: int) -> No
     assert memory_left_bytes(DeviceView(H100, held), RULES, extra_clients=1) >= each
 
 
-def test_a_device_too_small_for_one_share_is_not_published() -> None:
-    small = dataclasses.replace(H100, memory_bytes=9 * GIB)  # 9 - 1 - 8 = 0 left
-    assert capacities(small, RULES, DRA) is None
-    assert inventory([DeviceView(small)], RULES, DRA).devices == ()
+@pytest.mark.parametrize(
+    ("memory_gib", "clients", "memory"),
+    [
+        (80, 16, "71Gi"),  # the setting's 16
+        (5, 5, "1536Mi"),  # a 1g.5gb MIG instance: 4 GiB after the reserve, 768 MiB a share
+        (1.75, 0, None),  # not one share after the reserve: not published
+    ],
+)
+def test_small_devices_take_fewer_shares_and_the_smallest_none(
+    memory_gib: float, clients: int, memory: str | None
+) -> None:
+    device = dataclasses.replace(H100, memory_bytes=int(memory_gib * GIB))
+    capacity = capacities(device, RULES, DRA)
+    if memory is None:
+        assert capacity is None
+        assert inventory([DeviceView(device)], RULES, DRA).devices == ()
+        return
+    assert capacity is not None
+    assert (capacity["clients"].value, capacity["memory"].value) == (str(clients), memory)
+
+
+def test_a_thread_budget_of_one_is_one_valid_value() -> None:
+    capacity = capacities(H100, dataclasses.replace(RULES, thread_budget_pct=1.5), DRA)
+    assert capacity is not None
+    assert capacity["threads"].json() == {
+        "value": "1",
+        "requestPolicy": {"default": "1", "validValues": ["1"]},
+    }
 
 
 @pytest.mark.parametrize(
