@@ -44,8 +44,7 @@ Measured in the same run:
   ``agent_cpu_ms_per_noop``: their CPU per ``Ping`` (unix socket) in a phase of its own
   after; ``..._quiet``: per Unprepare+Prepare of claims already allocated, called straight
   on their nodes' plugins while nothing else runs (before the churn; each Prepare there is
-  a claim's re-Prepare, which first tries the request ids of the leases its earlier
-  Prepares ended: keep ``--quiet-cycles`` small);
+  a claim's re-Prepare: a new lease under a new request id of the same share);
   ``agent_cpu_idle_ms_per_s``: all agents together while nothing is asked of them (part of
   each figure above; ``cpu_ratio_idle_subtracted`` takes it out of both sides);
 - ``slice_writes_per_node_per_s_max``: the most writes of one node's ResourceSlice within
