@@ -18,6 +18,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from agent.api.collector import AgentCollector, TelemetryStats
+from agent.api.dra_metrics import DraCollector
 from agent.api.grpc_server import AgentService
 from agent.api.http import HttpServer, build_http_app
 from agent.api.identity import Identify, local
@@ -271,6 +272,7 @@ class App:
         )
         if self.dra is not None:
             self.dra.spawn(self.supervisor)
+            self.registry.register(DraCollector(self.dra.stats))
         self.supervisor.spawn("reservation-reaper", self.node.reservation_reaper())
         self.supervisor.spawn("state-pruner", self.node.pruner())
         assert self.sampler is not None

@@ -105,6 +105,7 @@ class ClaimDriver:
             default_thread_pct=float(settings.default_thread_pct),
         )
         self.inventory = Inventory((), {}, {})
+        self.prepared = self.prepare_errors = self.unprepared = self.unprepare_errors = 0
         self._health: list[DeviceHealth] = []
         self.refresh()
 
@@ -146,6 +147,9 @@ class ClaimDriver:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Prepared]:
         answers = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        failed = sum(1 for a in answers if a.error)
+        self.prepared += len(answers) - failed
+        self.prepare_errors += failed
         return {c.uid: a for c, a in zip(claims, answers, strict=True)}
 
     async def _prepare_one(self, ref: ClaimRef) -> Prepared:
@@ -246,6 +250,9 @@ class ClaimDriver:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         answers = await asyncio.gather(*(self._unprepare_one(c) for c in claims))
+        failed = sum(1 for a in answers if a)
+        self.unprepared += len(answers) - failed
+        self.unprepare_errors += failed
         return {c.uid: a for c, a in zip(claims, answers, strict=True)}
 
     async def _unprepare_locked(self, ref: ClaimRef) -> None:

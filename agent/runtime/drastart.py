@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from agent.admission.policy import Rules
+from agent.api.dra_metrics import DraStats
 from agent.config import Settings
 from agent.core.errors import ConfigError
 from agent.dra.plugin import DraPluginServer
@@ -78,6 +79,21 @@ class DraDriver:
         self.reconciler = reconciler
         self._api = api
         self._events = events
+
+    def stats(self) -> DraStats:
+        answers = self.answers
+        return DraStats(
+            registered=self.server.registration.registered,
+            prepared=self.driver.prepared,
+            prepare_errors=self.driver.prepare_errors,
+            unprepared=self.driver.unprepared,
+            unprepare_errors=self.driver.unprepare_errors,
+            admitted=answers.answered - answers.refused if answers else 0,
+            refused=answers.refused if answers else 0,
+            slice_writes=self.publisher.writes,
+            slice_generation=self.publisher.generation,
+            reconcile_released=self.reconciler.released,
+        )
 
     def spawn(self, supervisor: Supervisor) -> None:
         supervisor.spawn("dra-slices", self.publisher.run())

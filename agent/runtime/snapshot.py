@@ -11,6 +11,17 @@ if TYPE_CHECKING:
     from agent.runtime.app import App
 
 
+def injector_of(app: App) -> str:
+    """How leases reach the node's containers: the device plugin (or NRI), or the DRA
+    driver's CDI specs (saying so while the kubelet has not accepted its registration)."""
+    if app.device_plugin is not None:
+        return app.device_plugin.injector
+    if app.dra is not None:
+        registered = app.dra.server.registration.registered
+        return "dra" if registered else "dra (not registered with the kubelet)"
+    return ""
+
+
 def take(app: App, *, ledger_only: bool = False) -> NodeSnapshot:
     """The whole node, or (``ledger_only``) only what admission decides by: the devices,
     leases, ledger and gone devices (GetNodeRequest.ledger_only)."""
@@ -31,7 +42,7 @@ def take(app: App, *, ledger_only: bool = False) -> NodeSnapshot:
             ledger=ledger,
             gone_devices=gone,
             last_event_seq=app.events.last_seq,
-            injector=app.device_plugin.injector if app.device_plugin else "",
+            injector=injector_of(app),
         )
     if node is not None:
         stranded = node.stranded()
@@ -55,7 +66,7 @@ def take(app: App, *, ledger_only: bool = False) -> NodeSnapshot:
         admission=node.admission_stats() if node else AdmissionStats(),
         retention_estimates=app.estimates(),
         ineffective_ratio=ineffective_ratio(leases, app.devices),
-        injector=app.device_plugin.injector if app.device_plugin else "",
+        injector=injector_of(app),
         control_actions=dict(control.actions) if control else {},
         degraded_devices=tuple(control.degradation.degraded()) if control else (),
         lease_identity_mismatches_total=(

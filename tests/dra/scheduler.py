@@ -66,6 +66,7 @@ import aiohttp
 
 from tests.dra.allocator import AllocationError, allocate
 from tests.dra.quantity import Quantity
+from tests.kube.scheduler import failed_scheduling
 
 Obj = dict[str, Any]
 SCHEDULER = "default-scheduler"
@@ -294,19 +295,7 @@ class DraSchedulerStandIn:
     async def failed(self, pod: Obj, message: str) -> None:
         self.failures.append((pod_key(pod), message))
         meta = pod["metadata"]
-        event = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "kind": "Pod",
-                "namespace": meta["namespace"],
-                "name": meta["name"],
-                "uid": meta["uid"],
-            },
-            "reason": "FailedScheduling",
-            "message": message,
-            "type": "Warning",
-            "source": {"component": SCHEDULER},
-        }
+        event = failed_scheduling(pod, message, SCHEDULER)
         with contextlib.suppress(ApiStatus):
             await self.call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", event)
 

@@ -130,3 +130,23 @@ async def test_a_degraded_device_is_tainted_takes_no_share_and_recovers(
     assert sim.closed() is None
     await until(lambda: not published(api).get("taints"))
     assert new_share(api)
+
+
+async def test_the_driver_says_how_it_goes_in_metrics(sim: Node, api: FakeApiServer) -> None:
+    await until(lambda: bool(api.objects("resourceslices")))
+    registry = sim.app.registry
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels or None)
+
+    await until(lambda: (value("gpushare_dra_slice_writes_total") or 0) >= 1)
+    assert value("gpushare_dra_registered") == 0.0  # no kubelet here
+    assert sim.app.snapshot().injector == "dra (not registered with the kubelet)"
+    assert value("gpushare_dra_slice_generation") == published_generation(api)
+    assert value("gpushare_dra_prepares_total", result="done") == 0.0
+    assert value("gpushare_dra_binding_answers_total", condition="refused") == 0.0
+
+
+def published_generation(api: FakeApiServer) -> float:
+    [found] = api.objects("resourceslices")
+    return float(found["spec"]["pool"]["generation"])

@@ -101,6 +101,7 @@ async def test_a_pod_with_a_claim_runs_with_exactly_its_shares_limits(root: Path
         assert lease.request_id.startswith(f"dra:{claim['metadata']['uid']}:")
         spec = node.cdi_dir / f"gpushare.io-claim_{claim['metadata']['uid']}.json"
         assert json.loads(spec.read_text())["kind"] == "gpushare.io/claim"
+        assert "leases reach pods by dra" in await node.cli("status")  # the on-call view
         # the binding answer the scheduler waited for
         [answer] = claim["status"]["devices"]
         assert answer["conditions"][0]["type"] == "gpushare.io/admitted"

@@ -153,19 +153,7 @@ class SchedulerStandIn:
 
     async def failed(self, pod: dict[str, Any], message: str) -> None:
         meta = pod["metadata"]
-        event = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "kind": "Pod",
-                "namespace": meta["namespace"],
-                "name": meta["name"],
-                "uid": meta["uid"],
-            },
-            "reason": "FailedScheduling",
-            "message": message,
-            "type": "Warning",
-            "source": {"component": SCHEDULER},
-        }
+        event = failed_scheduling(pod, message, SCHEDULER)
         await self._post(f"{self.api_url}/api/v1/namespaces/{meta['namespace']}/events", event)
 
     async def run(self, *, concurrency: int = 16) -> None:
@@ -194,6 +182,24 @@ class SchedulerStandIn:
                         busy.add(pod["metadata"]["uid"])
                         spawn(cycle(pod))
                 await asyncio.sleep(0.02)
+
+
+def failed_scheduling(pod: dict[str, Any], message: str, component: str) -> dict[str, Any]:
+    """The Warning event kube-scheduler records about a pod it could not place."""
+    meta = pod["metadata"]
+    return {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "kind": "Pod",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+        },
+        "reason": "FailedScheduling",
+        "message": message,
+        "type": "Warning",
+        "source": {"component": component},
+    }
 
 
 def mine(pod: dict[str, Any]) -> bool:
