@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,10 @@ class AgentUnreachable(Exception):
 
 class AgentRefused(Exception):
     """The agent answered with an error status (bad input, not found, ...)."""
+
+    def __init__(self, message: str, *, invalid_argument: bool = False) -> None:
+        super().__init__(message)
+        self.invalid_argument = invalid_argument  # the request itself was malformed
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,24 @@ def _channel(where: Where) -> grpc.Channel:
     return grpc.insecure_channel(f"unix:{where}")
 
 
+def restart_hint(environ: Mapping[str, str] | None = None) -> str:
+    """How to start the agent again and read why it stopped, where the CLI runs: in the
+    agent's pod (Kubernetes), or on a host with the systemd unit."""
+    env = os.environ if environ is None else environ
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        node = env.get("GPUSHARE_RUNTIME_NODE_NAME") or "<this node>"
+        return (
+            "The agent's pod restarts it (its container exits with the agent); why it "
+            "stopped: kubectl -n gpushare-system logs --previous "
+            f"$(kubectl -n gpushare-system get pod -l app.kubernetes.io/name=gpushare-agent "
+            f"--field-selector spec.nodeName={node} -o name)"
+        )
+    return (
+        "Start the agent again (systemctl start gpushare-agent, or gpushare serve), which "
+        "replaces it; why it stopped: journalctl -u gpushare-agent -n 100"
+    )
+
+
 def _probe(path: str) -> None:
     """Tell a stale socket (left by an agent killed with SIGKILL or crashed) and a socket
     this user may not open from an agent that does not answer, with what to do."""
@@ -91,9 +113,7 @@ def _probe(path: str) -> None:
         except ConnectionRefusedError:
             raise AgentUnreachable(
                 f"{path} is a stale socket: no agent listens on it (the agent that made it "
-                "stopped without removing it: killed, crashed or out of memory). Start the "
-                "agent again (gpushare serve, or systemctl start gpushare), which replaces "
-                "it; the agent's log says why it stopped (journalctl -u gpushare)"
+                f"stopped without removing it: killed, crashed or out of memory). {restart_hint()}"
             ) from None
         except PermissionError:
             raise AgentUnreachable(
@@ -124,7 +144,10 @@ def call(where: Where, method: str, request: Any, *, timeout_s: float = 5.0) -> 
                 raise AgentUnreachable(
                     f"the agent at {_name(where)} did not answer: {code.name}: {exc.details()}"
                 ) from exc
-            raise AgentRefused(f"{code.name}: {exc.details()}") from exc
+            raise AgentRefused(
+                f"{code.name}: {exc.details()}",
+                invalid_argument=code is grpc.StatusCode.INVALID_ARGUMENT,
+            ) from exc
 
 
 def get_node(where: Where, *, timeout_s: float = 5.0) -> pb.GetNodeResponse:

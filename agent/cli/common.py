@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -12,15 +11,14 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from agent.cli import exits
-from agent.cli.client import Endpoint, Where
+from agent.cli.client import AgentRefused, AgentUnreachable, Endpoint, Where
+from agent.client.local import DEFAULT_CONFIG, agent_socket
 from agent.config import Settings, load_settings
-from agent.config.loading import simulation_paths
-from agent.config.settings import SimSettings
 from agent.core.errors import ConfigError
 
-DEFAULT_CONFIG = "/etc/gpushare/config.yaml"
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class AllRequired(click.Command):
@@ -69,11 +67,7 @@ def resolve_settings(ctx: click.Context, overrides: Mapping[str, Any] | None = N
 def local_socket(ctx: click.Context, settings: Settings) -> str:
     """The agent's Unix socket; a simulated agent's (``serve --sim`` on default paths) when
     no socket was named and no production agent listens."""
-    path = settings.unix_socket_path
-    if ctx.find_root().obj.get("socket") or settings.api.unix_socket or os.path.exists(path):
-        return path
-    sim = simulation_paths(dataclasses.replace(settings, sim=SimSettings(enabled=True)))
-    return sim.unix_socket_path if os.path.exists(sim.unix_socket_path) else path
+    return agent_socket(settings, named=bool(ctx.find_root().obj.get("socket")))
 
 
 def resolve_endpoint(ctx: click.Context, settings: Settings) -> Where:
@@ -120,3 +114,22 @@ def assignments(items: tuple[str, ...], sim: str | None = None) -> dict[str, Any
         if sim != "-":
             result["sim.node_file"] = sim
     return result
+
+
+def agent_where(ctx: click.Context) -> Where:
+    """The agent to ask: its Unix socket, or the TCP endpoint given with --target."""
+    root = ctx.find_root()
+    return resolve_endpoint(root, resolve_settings(root))
+
+
+def guarded(action: Callable[[], T]) -> T:
+    """Run one call to the agent; its failures end the command with their exit code: the
+    agent unreachable (4), a malformed request (2, a usage error), any other refusal (1)."""
+    try:
+        return action()
+    except AgentUnreachable as exc:
+        fail(str(exc), exits.UNREACHABLE)
+    except AgentRefused as exc:
+        if exc.invalid_argument:
+            fail(str(exc), exits.CONFIG)
+        fail(f"the agent refused: {exc}", exits.FAILURE)

@@ -1,11 +1,9 @@
-"""On-call commands about leases: list, explain, drain and undrain, events, clear-stale."""
+"""On-call commands about leases: list, explain, release, drain and undrain, clear-stale."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -13,14 +11,11 @@ import click
 from agent.api.proto import agent_pb2 as pb
 from agent.cli import exits
 from agent.cli.client import (
-    AgentRefused,
-    AgentUnreachable,
     Where,
     call,
     get_node,
-    watch_events,
 )
-from agent.cli.common import resolve_endpoint, resolve_settings
+from agent.cli.common import agent_where, guarded
 from agent.cli.devices import DeviceNameError, resolve_device
 from agent.cli.render import message_dict, table, to_json
 from agent.core.errors import UnitError
@@ -29,27 +24,10 @@ from agent.core.units import format_bytes, parse_bytes
 PRIORITY = {"guaranteed": pb.GUARANTEED, "burstable": pb.BURSTABLE, "best-effort": pb.BEST_EFFORT}
 
 
-def _socket(ctx: click.Context) -> Where:
-    """The Unix socket, or the TCP endpoint given with --target."""
-    root = ctx.find_root()
-    return resolve_endpoint(root, resolve_settings(root))
-
-
-def _guard(action: Callable[[], Any]) -> Any:
-    try:
-        return action()
-    except AgentUnreachable as exc:
-        click.echo(f"gpushare: {exc}", err=True)
-        sys.exit(exits.UNREACHABLE)
-    except AgentRefused as exc:
-        click.echo(f"gpushare: the agent refused: {exc}", err=True)
-        sys.exit(exits.FAILURE)
-
-
 def _device_uuid(where: Where, name: str) -> str:
     """The UUID of the device named by index, UUID or prefix; exits 2 listing the valid
     ones."""
-    node = _guard(lambda: get_node(where))
+    node = guarded(lambda: get_node(where))
     try:
         return resolve_device(name, node.devices)
     except DeviceNameError as exc:
@@ -70,7 +48,7 @@ def _namespace_and_pod(pod: str) -> tuple[str, str]:
 @click.pass_context
 def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
     """Live leases (reserved, admitted, ready) with their limits and state."""
-    node = _guard(lambda: get_node(_socket(ctx)))
+    node = guarded(lambda: get_node(agent_where(ctx)))
     if as_json:
         click.echo(
             to_json(
@@ -148,7 +126,7 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
 @click.option(
     "--threads",
     "thread_pct",
-    type=float,
+    type=click.FloatRange(0.0, 100.0, min_open=True),
     default=25.0,
     show_default=True,
     help="Active thread percentage (0, 100].",
@@ -202,7 +180,7 @@ def explain(
             retention_floor=retention_floor,
         )
     )
-    answer = _guard(lambda: call(_socket(ctx), "Explain", request))
+    answer = guarded(lambda: call(agent_where(ctx), "Explain", request))
     if as_json:
         click.echo(to_json(message_dict(answer)))
     else:
@@ -230,74 +208,40 @@ def _print_explanation(d: Any) -> None:
 
 
 def _drain_command(name: str, method: str, doc: str) -> click.Command:
-    @click.command(name, help=f"{doc} DEVICE: its index, UUID or a unique UUID prefix.")
+    @click.command(
+        name, help=f"{doc} DEVICE: its index, UUID or a unique UUID prefix; --all: every one."
+    )
     @click.argument("device", required=False, default="")
+    @click.option("--all", "every", is_flag=True, help="Every device of the node.")
     @click.option("--reason", default="", help="Why (shown in events and explanations).")
     @click.pass_context
-    def command(ctx: click.Context, device: str, reason: str) -> None:
-        where = _socket(ctx)
+    def command(ctx: click.Context, device: str, every: bool, reason: str) -> None:
+        if bool(device) == every:
+            raise click.UsageError(f"name a DEVICE, or give --all to {name} the whole node")
+        where = agent_where(ctx)
         uuid = _device_uuid(where, device) if device else ""
         request = pb.DrainRequest(device_uuid=uuid, reason=reason or f"{name} by an operator")
-        answer = _guard(lambda: call(where, method, request))
+        answer = guarded(lambda: call(where, method, request))
         click.echo(f"{name}ed: {', '.join(answer.devices) or 'nothing to do'}")
 
     return command
 
 
-drain = _drain_command(
-    "drain", "Drain", "Close DEVICE (or every device) to new leases; live leases stay."
-)
-undrain = _drain_command("undrain", "Undrain", "Open DEVICE (or every device) to new leases.")
+drain = _drain_command("drain", "Drain", "Close DEVICE to new leases; live leases stay.")
+undrain = _drain_command("undrain", "Undrain", "Open DEVICE to new leases.")
 
 
 @click.command()
-@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
-@click.option("--since", "since_seq", type=int, default=0, help="Start after this sequence.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@click.argument("lease_id", metavar="LEASE")
 @click.pass_context
-def events(ctx: click.Context, follow: bool, since_seq: int, as_json: bool) -> None:
-    """The node's numbered events: leases, MPS daemons, devices, GPU faults."""
-    socket = _socket(ctx)
-    last = _guard(lambda: get_node(socket)).last_event_seq
-    if not follow and last <= since_seq:
-        if not as_json:
-            click.echo(f"no events after sequence {since_seq}" if since_seq else "no events yet")
-        return
-    seq_width = max(len("SEQ"), len(str(last)) + (2 if follow else 0))
-    if not as_json:
-        click.echo(_event_row(seq_width, "SEQ", "TIME", "KIND", "DEVICE", "MESSAGE"))
-    try:
-        for event in watch_events(socket, since_seq):
-            if as_json:
-                click.echo(json.dumps(message_dict(event)))
-            else:
-                stamp = time.strftime("%H:%M:%S", time.localtime(event.at))
-                device = event.device_uuid[:DEVICE_SHOWN] or "-"
-                click.echo(
-                    _event_row(seq_width, event.seq, stamp, event.kind, device, event.message)
-                )
-            sys.stdout.flush()
-            if not follow and event.seq >= last:
-                return
-    except AgentUnreachable as exc:
-        click.echo(f"gpushare: {exc}", err=True)
-        sys.exit(exits.UNREACHABLE)
-    except KeyboardInterrupt:
-        return
-
-
-DEVICE_SHOWN = 12  # characters of a device UUID in the events table
-KIND_WIDTH = 24
-
-
-def _event_row(seq_width: int, seq: object, *cells: str) -> str:
-    """One line of the events table; columns are fixed so a followed stream stays aligned
-    (the sequence column is sized from the newest sequence number at the start)."""
-    stamp, kind, device, message = cells
-    return (
-        f"{str(seq).rjust(seq_width)}  {stamp:<8}  {kind:<{KIND_WIDTH}}  "
-        f"{device:<{DEVICE_SHOWN}}  {message}"
-    ).rstrip()
+def release(ctx: click.Context, lease_id: str) -> None:
+    """End LEASE now, as its owner's Release does (its clients keep running until they
+    exit; the janitor reports them). Releasing a lease released before says so again."""
+    answer = guarded(
+        lambda: call(agent_where(ctx), "Release", pb.ReleaseRequest(lease_id=lease_id))
+    )
+    lease = answer.lease
+    click.echo(f"lease {lease.lease_id} {lease.state}" + (f" ({lease.pod})" if lease.pod else ""))
 
 
 @click.command("clear-stale")
@@ -309,7 +253,9 @@ def clear_stale(ctx: click.Context, dry_run: bool) -> None:
     processes all exited, fail the leases of a faulted server and shut it down, act on
     memory-limit violations, expire reservations past their TTL. With --dry-run, list the
     same and change nothing."""
-    answer = _guard(lambda: call(_socket(ctx), "ClearStale", pb.ClearStaleRequest(dry_run=dry_run)))
+    answer = guarded(
+        lambda: call(agent_where(ctx), "ClearStale", pb.ClearStaleRequest(dry_run=dry_run))
+    )
     prefix = "would " if dry_run else ""
     for action in answer.actions:
         click.echo(f"{prefix}{action}")

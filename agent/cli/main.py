@@ -14,13 +14,13 @@ from typing import Any
 
 import click
 import yaml
+from click.core import ParameterSource
 
 from agent import __version__
 from agent.cli import exits
 from agent.cli.client import AgentUnreachable, get_node
 from agent.cli.common import (
     CONTEXT,
-    DEFAULT_CONFIG,
     fail,
     local_socket,
     resolve_endpoint,
@@ -30,6 +30,7 @@ from agent.cli.common import (
 )
 from agent.cli.common import assignments as parse_assignments
 from agent.cli.render import isolation_lines, message_dict, table, to_json
+from agent.client.local import DEFAULT_CONFIG
 from agent.config import Settings, settings_as_dict
 from agent.config.loading import env_name, setting_fields, simulation_paths
 from agent.core.errors import (
@@ -281,10 +282,13 @@ def config() -> None:
 def config_show(ctx: click.Context, as_json: bool, doc: bool, resolved: bool) -> None:
     """Print the running agent's effective configuration.
 
-    With no agent on the socket (or with --resolved) it prints what the config file, the
-    GPUSHARE_* environment and the flags resolve to instead, and says so.
+    With no agent on the socket, with --resolved, or with a file named by --config on the
+    command line, it prints what that file, the GPUSHARE_* environment and the flags
+    resolve to instead, and says so.
     """
-    settings = resolve_settings(ctx.find_root())
+    root = ctx.find_root()
+    settings = resolve_settings(root)
+    resolved = resolved or root.get_parameter_source("config") is ParameterSource.COMMANDLINE
     if doc:
         for key, f in setting_fields().items():
             click.echo(f"{key}  ({env_name(key)})\n    {f.metadata['doc']}")
@@ -312,7 +316,9 @@ def main() -> None:
 
 def _register_subgroups() -> None:
     from agent.cli import leases
+    from agent.cli.doctor import doctor
     from agent.cli.estimator import estimator
+    from agent.cli.events import events
     from agent.cli.kube import kube
     from agent.cli.mps import mps
     from agent.cli.profile import profile
@@ -330,10 +336,12 @@ def _register_subgroups() -> None:
         leases.leases,
         leases.explain,
         size_command,
+        leases.release,
         leases.drain,
         leases.undrain,
-        leases.events,
+        events,
         leases.clear_stale,
+        doctor,
     ):
         cli.add_command(command)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -55,18 +57,18 @@ def telemetry(ctx: click.Context, follow: bool, as_json: bool, poll_s: float) ->
     settings = resolve_settings(ctx.find_root())
     seen: set[tuple[str, float]] = set()
     first = True
-    try:
-        while True:
-            node = _node(local_socket(ctx, settings))
-            fresh = [w for w in node.latest_windows if (w.device_uuid, w.start_at) not in seen]
-            seen.update((w.device_uuid, w.start_at) for w in fresh)
-            _print(node, fresh, as_json=as_json, header=first)
-            first = False
-            if not follow:
-                return
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        return
+    stop = threading.Event()
+    if follow:  # Ctrl-C ends the loop between two calls (a call in flight is not cut)
+        signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    while not stop.is_set():
+        node = _node(local_socket(ctx, settings))
+        fresh = [w for w in node.latest_windows if (w.device_uuid, w.start_at) not in seen]
+        seen.update((w.device_uuid, w.start_at) for w in fresh)
+        _print(node, fresh, as_json=as_json, header=first)
+        first = False
+        if not follow:
+            return
+        stop.wait(poll_s)
 
 
 def _node(socket_path: str) -> Any:

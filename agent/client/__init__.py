@@ -23,5 +23,13 @@ from agent.client.client import (
     read_token_file,
     tls_credentials,
 )
+from agent.client.local import find_socket
 
-__all__ = ["AgentClient", "Priority", "TokenFile", "read_token_file", "tls_credentials"]
+__all__ = [
+    "AgentClient",
+    "Priority",
+    "TokenFile",
+    "find_socket",
+    "read_token_file",
+    "tls_credentials",
+]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final, Self, cast
@@ -110,6 +111,17 @@ def unreachable(exc: BaseException) -> KubeError:
     """A network failure: :class:`Unanswered` unless the request was never sent."""
     error = KubeError if isinstance(exc, _NOT_SENT) else Unanswered
     return error(0, "Unreachable", str(exc) or type(exc).__name__)
+
+
+_VERSION = re.compile(rb'"resourceVersion"\s*:\s*"([^"]*)"')
+
+
+def skipped(line: bytes) -> WatchEvent:
+    """A watch line left undecoded, as a BOOKMARK carrying its object's resourceVersion
+    (the first in the line: the object's metadata comes before its spec and status)."""
+    found = _VERSION.search(line)
+    version = found.group(1).decode() if found else ""
+    return WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": version}})
 
 
 def selectors(field_selector: str, label_selector: str) -> dict[str, str]:
@@ -274,8 +286,12 @@ class ApiConnection:
         call: Callable[..., Awaitable[Any]],
         resource_version: str,
         timeout_s: float,
+        mentioning: bytes = b"",
         **kwargs: Any,
     ) -> AsyncIterator[WatchEvent]:
+        """The watch's events. With ``mentioning``, an event whose line does not contain
+        it is not decoded: it comes as a BOOKMARK with its resourceVersion alone (read
+        from the line), so the caller resumes past it without paying for its object."""
         # The server closes the stream after timeoutSeconds; a read that stays silent well
         # past that is a connection that died without saying so.
         read_timeout = aiohttp.ClientTimeout(
@@ -299,6 +315,9 @@ class ApiConnection:
                 if not line:
                     return
                 if not line.strip():
+                    continue
+                if mentioning and mentioning not in line and b'"ERROR"' not in line:
+                    yield skipped(line)
                     continue
                 try:
                     event = json.loads(line)

@@ -144,9 +144,11 @@ class ResourceApi(Protocol):
         ...
 
     def watch_resource_claims(
-        self, resource_version: str, *, timeout_s: float = 300.0
+        self, resource_version: str, *, timeout_s: float = 300.0, mentioning: str = ""
     ) -> AsyncIterator[WatchEvent]:
-        """Changes after ``resource_version``; raises :class:`Gone` when it is too old."""
+        """Changes after ``resource_version``; raises :class:`Gone` when it is too old. With
+        ``mentioning``, a change whose JSON does not contain that text comes as a BOOKMARK
+        with its resourceVersion only (the claims of other nodes, undecoded)."""
         ...
 
     async def replace_resource_claim_status(self, namespace: str, name: str, body: Obj) -> Obj:

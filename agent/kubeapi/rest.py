@@ -38,6 +38,7 @@ class RestKubeApi(ApiConnection):
             self._core().list_pod_for_all_namespaces,
             resource_version,
             timeout_s,
+            b"",
             **selectors(field_selector, ""),
         )
 
@@ -147,10 +148,13 @@ class RestKubeApi(ApiConnection):
         return listing_of(listed)
 
     def watch_resource_claims(
-        self, resource_version: str, *, timeout_s: float = 300.0
+        self, resource_version: str, *, timeout_s: float = 300.0, mentioning: str = ""
     ) -> AsyncIterator[WatchEvent]:
         return self._watch(
-            self._resource().list_resource_claim_for_all_namespaces, resource_version, timeout_s
+            self._resource().list_resource_claim_for_all_namespaces,
+            resource_version,
+            timeout_s,
+            mentioning.encode(),
         )
 
     async def replace_resource_claim_status(self, namespace: str, name: str, body: Obj) -> Obj:

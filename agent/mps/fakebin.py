@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,11 @@ def _dirs() -> tuple[Path, Path]:
     pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
     logs = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps"))
     return pipe, logs
+
+
+# util-linux's setpriv sets the child's parent-death signal before it runs sleep: the kernel
+# kills the stand-in server when its daemon dies
+SERVER = ["setpriv", "--pdeathsig", "KILL", "--", "sleep", "infinity"]
 
 
 class FakeDaemon:
@@ -56,7 +62,10 @@ class FakeDaemon:
             f.write(line + "\n")
 
     def _spawn_server(self) -> int:
-        process = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL)
+        """A stand-in server process that dies with this daemon, however it ends (SIGKILL
+        included), as a real MPS server goes with its control daemon."""
+        command = SERVER if shutil.which("setpriv") else SERVER[4:]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
         self.servers[process.pid] = process
         return process.pid
 

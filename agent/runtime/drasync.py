@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -67,6 +68,8 @@ class BindingAnswers:
         self._backoff_s = backoff_s
         self._watch_timeout_s = watch_timeout_s
         self._tasks: set[asyncio.Task[None]] = set()
+        # a claim allocated here names this node (its pool, its node selector) in its JSON
+        self._mentioning = json.dumps(driver.node_name)
         # claim UID -> the resourceVersion of the newest copy the watch showed of a claim
         # waiting for an answer: a task holding that copy decides on it without a read
         self._newest: dict[str, str] = {}
@@ -97,7 +100,7 @@ class BindingAnswers:
         while True:
             try:
                 async for event in self._api.watch_resource_claims(
-                    version, timeout_s=self._watch_timeout_s
+                    version, timeout_s=self._watch_timeout_s, mentioning=self._mentioning
                 ):
                     version = str(metadata(event.obj).get("resourceVersion") or version)
                     if event.kind in ("ADDED", "MODIFIED"):

@@ -36,6 +36,7 @@ from agent.runtime.availability import Availability
 from agent.runtime.events import EventLog
 from agent.runtime.journal import Journal
 from agent.runtime.ledger import REQUESTS_KEPT, Ledger, lost_in_this_round
+from agent.runtime.refusals import RefusalNotes
 from agent.runtime.section import LedgerLock
 from agent.runtime.transitions import Notes, Transitions
 from agent.state.port import Retention, StateStore
@@ -68,6 +69,7 @@ class NodeService:
         self.retention = retention or Retention()
         self._store = store
         self._events = events
+        self.refusals = RefusalNotes(events, clock=clock)
         self._sizes = list(sizes)
         self._mps_states = mps_states
         self._clock = clock
@@ -242,6 +244,8 @@ class NodeService:
         result = await self.admissions.admit(request, gang_id=gang_id, ttl_s=ttl_s)
         if result.lease is not None and result.decision.admitted:
             await self.on_granted(result.lease, asked_at)
+        elif not result.decision.admitted:
+            self.refusals(request, result.decision)
         return result
 
     async def admit_batch(self, requests: Sequence[AdmissionRequest]) -> BatchResult:

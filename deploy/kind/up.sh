@@ -155,7 +155,7 @@ kubectl patch --local -f "$REPO/daemonset/daemonset.yaml" --type=json \
     --patch-file "$HERE/agent-daemonset-patch.yaml" -o yaml >"$WORK/daemonset.yaml"
 k apply -f "$WORK/daemonset.yaml"
 
-say "the cluster side (deploy/, without certificates.yaml)"
+say "the cluster side (deploy/, without certificates.yaml and issuer.yaml: no cert-manager)"
 k apply -f "$REPO/deploy/rbac.yaml" -f "$REPO/deploy/scheduler.yaml" \
     -f "$REPO/deploy/webhook.yaml" -f "$REPO/deploy/networkpolicy.yaml"
 ca_bundle=$(base64 <"$WORK/ca.crt" | tr -d '\n')

@@ -34,8 +34,9 @@ VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
 EXTENDED_RESOURCE = "gpushare.io/gpu"
 
 # The `dra` settings the configurations write, with their defaults (enabled: true there):
-# all of the agent's but those that go with an explicit api_server (DRA_KEYS), the API
-# timeout and shm_dir, left at their defaults.
+# all of the agent's but those that go with an explicit api_server (DRA_KEYS) and the API
+# timeout, left at their defaults, and shm_dir (SHM_DIR, the chart's shm.hostPath, which
+# the mps-host pods mount: tests/deploy/test_chart.py).
 DRA_DEFAULTS: dict[str, object] = {
     "enabled": False,
     "plugin_dir": "/var/lib/kubelet/plugins/gpushare.io",
@@ -49,7 +50,8 @@ DRA_DEFAULTS: dict[str, object] = {
     "slice_min_interval_s": 1.0,
     "reconcile_interval_s": 30,
 }
-DRA_KEYS = {*DRA_DEFAULTS, "api_token_file", "api_ca"}
+DRA_KEYS = {*DRA_DEFAULTS, "shm_dir", "api_token_file", "api_ca"}
+SHM_DIR = "/run/gpushare-shm"
 CAPACITIES = {"memory", "threads", "clients"}
 FEATURE_GATES = {
     "DRAConsumableCapacity",
@@ -479,12 +481,14 @@ def test_the_dra_config_is_the_shipped_one_with_dra_on_and_the_device_plugin_off
     assert config["api"] == shipped["api"] and config["api"]["tls_client_ca_file"]  # mTLS
     dra = config["dra"]
     assert set(dra) <= DRA_KEYS, set(dra) - DRA_KEYS
-    assert dra == DRA_DEFAULTS | {"enabled": True}
+    assert dra == DRA_DEFAULTS | {"enabled": True, "shm_dir": SHM_DIR}
 
 
 def test_the_kind_dra_config_is_the_dra_one_on_a_simulated_node() -> None:
     config = agent_config(KIND / "agent-config-dra.yaml")
-    assert config["dra"] == agent_config(DRA / "agent-config.yaml")["dra"]
+    # A simulated node runs no mps-host pod (its agent runs fake daemons): no shm directory.
+    shipped = agent_config(DRA / "agent-config.yaml")["dra"]
+    assert config["dra"] == {k: v for k, v in shipped.items() if k != "shm_dir"}
     assert config["sim"]["enabled"] is True and config["kubelet"] == {"enabled": False}
     kind = agent_config(KIND / "agent-config.yaml")
     different = {"kubelet", "dra"}

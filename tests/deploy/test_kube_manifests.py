@@ -40,9 +40,16 @@ NOT_OBJECTS = {
 # kube-scheduler's version here): tests/deploy/test_dra_manifests.py validates them.
 DRA = DEPLOY / "dra"
 # Kinds whose schemas are not Kubernetes' own: kubernetes-validate warns and skips them.
-NOT_IN_KUBERNETES = {("cert-manager.io/v1", "Certificate"): "a cert-manager CRD"}
+NOT_IN_KUBERNETES = {
+    ("cert-manager.io/v1", "Certificate"): "a cert-manager CRD",
+    ("cert-manager.io/v1", "Issuer"): "a cert-manager CRD",
+}
+# The Helm chart the plain manifests are rendered from (tests/deploy/test_chart.py).
+HELM = DEPLOY / "helm"
 MANIFESTS = sorted(
-    p for p in DEPLOY.rglob("*.yaml") if p not in NOT_OBJECTS and DRA not in p.parents
+    p
+    for p in DEPLOY.rglob("*.yaml")
+    if p not in NOT_OBJECTS and DRA not in p.parents and HELM not in p.parents
 )
 
 # `gpushare kube serve`'s options (agent/cli/kube.py).
@@ -626,6 +633,7 @@ def test_up_sh_deploys_every_part_and_leaves_out_only_what_it_replaces() -> None
         "daemonset/certificate.yaml": "secrets made by up.sh",
         "daemonset/mps-host.yaml": "a simulated node's agent runs its own daemons",
         "deploy/certificates.yaml": "secrets made by up.sh",
+        "deploy/issuer.yaml": "secrets made by up.sh",
     }
     for path in [*REPO.glob("daemonset/*.yaml"), *DEPLOY.glob("*.yaml")]:
         name = str(path.relative_to(REPO))

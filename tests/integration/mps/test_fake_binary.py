@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -133,3 +134,29 @@ async def test_hung_fake_daemon_is_replaced(root: Path) -> None:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
         await supervisor.stop()
+
+
+async def test_fake_servers_die_with_their_daemon(root: Path) -> None:
+    """A daemon killed with SIGKILL leaves no stand-in server behind (nothing outlives the
+    test suite)."""
+    supervisor, _events, _gpu = make_supervisor(FAKE_BINARY, root)
+    await supervisor.start()
+    try:
+        server = connect(supervisor, 4101)
+        daemon = supervisor.state().pid
+        assert daemon is not None and os.path.exists(f"/proc/{server}")
+        os.kill(daemon, signal.SIGKILL)
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{server}") or _zombie(server):
+                break
+            await asyncio.sleep(0.05)
+        assert not os.path.exists(f"/proc/{server}") or _zombie(server)
+    finally:
+        await supervisor.stop()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.api.tokens import TokenHolder, entropy_bits, read_token
 from agent.core.errors import ConfigError
@@ -79,8 +80,8 @@ def test_weak_tokens_are_refused_naming_the_rule(tmp_path: Path, token: str, rul
 
 
 def test_the_shipped_placeholder_is_refused(tmp_path: Path) -> None:
-    secret = (REPO / "daemonset" / "secret.yaml").read_text()
-    placeholder = secret.split("token:")[-1].strip()
+    secret = yaml.safe_load((REPO / "daemonset" / "secret.yaml").read_text())
+    placeholder = secret["stringData"]["token"]
     with pytest.raises(ConfigError, match="placeholder"):
         read_token(str(token_file(tmp_path, placeholder)))
 

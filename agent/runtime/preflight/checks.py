@@ -1,0 +1,358 @@
+"""The checks of ``gpushare doctor``: each a pure function of gathered facts, answering one
+:class:`Finding` -- ok, warn, fail or skip, what was found and, for what is wrong, the fix."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Sequence
+
+from agent.mps.version import mismatch
+from agent.runtime.preflight.facts import (
+    AgentFacts,
+    BinaryFacts,
+    DriverFacts,
+    Finding,
+    KubeFacts,
+    MpsDirFacts,
+    PathFacts,
+    ShmFacts,
+)
+
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+NVIDIA_GPU_RESOURCE = "nvidia.com/gpu"
+MAX_LISTED = 3
+
+
+def check_mps_binary(simulated: bool, binary: BinaryFacts) -> Finding:
+    name = "mps-binary"
+    if not binary.path:
+        if binary.configured != "auto":
+            return Finding(
+                "fail",
+                name,
+                f"mps.control_binary {binary.configured} is not an executable",
+                "point mps.control_binary at the driver's nvidia-cuda-mps-control, or set it "
+                "to 'auto' (found on PATH)",
+            )
+        return Finding(
+            "fail",
+            name,
+            "nvidia-cuda-mps-control is not on PATH",
+            "install the driver's MPS utilities on the host (under Kubernetes the NVIDIA "
+            "container toolkit mounts them: run the agent's pod under the nvidia "
+            "RuntimeClass), or set mps.control_binary",
+        )
+    if not binary.executable:
+        return Finding(
+            "fail",
+            name,
+            f"{binary.path} is not executable by this user",
+            f"chmod 0755 {binary.path}",
+        )
+    if binary.fake:
+        if simulated:
+            return Finding("ok", name, f"{binary.path} (the bundled fake: simulated node)")
+        return Finding(
+            "fail",
+            name,
+            f"{binary.path} is the simulation's fake MPS control on a real node",
+            "set mps.control_binary to 'auto' or to the driver's nvidia-cuda-mps-control",
+        )
+    release = f"driver release {binary.release}" if binary.release else "no release embedded"
+    return Finding("ok", name, f"{binary.path} ({release})")
+
+
+def check_driver(driver: DriverFacts, binary: BinaryFacts) -> Finding:
+    """The running driver (NVML) and the MPS control binary are of one release."""
+    name = "driver-release"
+    if driver.simulated:
+        return Finding(
+            "skip",
+            name,
+            "simulated node: no NVIDIA driver to ask (on a GPU node NVML's driver version is "
+            "compared with the release nvidia-cuda-mps-control carries)",
+        )
+    if driver.version is None:
+        return Finding(
+            "fail",
+            name,
+            f"NVML cannot be asked: {driver.error or 'no driver'}",
+            "install the NVIDIA driver on the host; in a pod, run it under the nvidia "
+            "RuntimeClass so libnvidia-ml.so.1 and the device nodes are mounted",
+        )
+    if not binary.path or binary.fake:
+        return Finding("warn", name, f"driver {driver.version}; no MPS control binary to compare")
+    why = mismatch(binary.path, binary.release, driver.version)
+    if why is not None:
+        text, _, fix = why.partition(": ")
+        return Finding("fail", name, text, fix)
+    if binary.release is None:
+        return Finding(
+            "warn",
+            name,
+            f"driver {driver.version}; {binary.path} names no release, so it cannot be compared",
+            "make sure it is the driver's own nvidia-cuda-mps-control (same package)",
+        )
+    return Finding("ok", name, f"driver {driver.version} = {binary.path}'s release")
+
+
+def _no_api(name: str, kube: KubeFacts) -> Finding | None:
+    if not kube.api:
+        return Finding("skip", name, f"skipped: no API ({kube.why})")
+    if kube.node is None:
+        return Finding(
+            "fail",
+            name,
+            f"node {kube.node_name} not read from {kube.api}: {kube.node_error}",
+            "runtime.node_name (or --node) must be this node's Kubernetes name, and the "
+            "service account may get nodes (the chart's ClusterRole)",
+        )
+    return None
+
+
+def check_node_label(kube: KubeFacts) -> Finding:
+    name = "node-label"
+    unusable = _no_api(name, kube)
+    if unusable is not None:
+        return unusable
+    assert kube.node is not None
+    labels = (kube.node.get("metadata") or {}).get("labels") or {}
+    value = labels.get(GPU_PRESENT_LABEL)
+    if value == "true":
+        return Finding("ok", name, f"node {kube.node_name} has {GPU_PRESENT_LABEL}=true")
+    seen = "lacks it" if value is None else f"has it ={value!r}"
+    return Finding(
+        "fail",
+        name,
+        f"node {kube.node_name} {seen}: {GPU_PRESENT_LABEL}=true selects the nodes the "
+        "agent's DaemonSets run on",
+        "install GPU Feature Discovery (or the GPU Operator), or `kubectl label node "
+        f"{kube.node_name} {GPU_PRESENT_LABEL}=true`, or give the chart another nodeSelector",
+    )
+
+
+def check_device_plugin(kube: KubeFacts) -> Finding:
+    """NVIDIA's device plugin must not offer the GPUs the agent runs EXCLUSIVE_PROCESS."""
+    name = "nvidia-device-plugin"
+    unusable = _no_api(name, kube)
+    if unusable is not None:
+        return unusable
+    assert kube.node is not None
+    allocatable = (kube.node.get("status") or {}).get("allocatable") or {}
+    count = str(allocatable.get(NVIDIA_GPU_RESOURCE, "0"))
+    if count in ("", "0"):
+        return Finding("ok", name, f"node {kube.node_name} offers no {NVIDIA_GPU_RESOURCE}")
+    return Finding(
+        "warn",
+        name,
+        f"node {kube.node_name} offers {count} {NVIDIA_GPU_RESOURCE}: pods given them run "
+        "beside the agent's MPS on GPUs it sets to EXCLUSIVE_PROCESS",
+        "disable NVIDIA's device plugin on this node (GPU Operator: label the node "
+        "nvidia.com/gpu.deploy.device-plugin=false)",
+    )
+
+
+def check_runtime_class(kube: KubeFacts) -> Finding:
+    name = "runtime-class"
+    if not kube.api:
+        return Finding("skip", name, f"skipped: no API ({kube.why})")
+    wanted = kube.runtime_class
+    if kube.runtime_class_found is None:
+        return Finding(
+            "fail",
+            name,
+            f"RuntimeClass {wanted} not read from {kube.api}: {kube.runtime_class_error}",
+            "the service account may need get on runtimeclasses.node.k8s.io",
+        )
+    if kube.runtime_class_found:
+        return Finding("ok", name, f"RuntimeClass {wanted} exists")
+    return Finding(
+        "fail",
+        name,
+        f"no RuntimeClass {wanted}: the agent's and the workloads' pods run under it",
+        "install the NVIDIA container toolkit with the GPU Operator (it creates it), or "
+        f"create a RuntimeClass {wanted} with handler nvidia",
+    )
+
+
+def _pipe_mode(client_gid: int | None) -> int:
+    return 0o750 if client_gid is not None else 0o700
+
+
+def _listed(items: Sequence[str]) -> str:
+    shown = "; ".join(items[:MAX_LISTED])
+    more = len(items) - MAX_LISTED
+    return shown + (f" (+{more} more)" if more > 0 else "")
+
+
+def check_mps_dirs(facts: MpsDirFacts) -> Finding:
+    """The pipe and log directories as :class:`agent.mps.pipes.PipeWatch` makes them."""
+    name = "mps-pipes"
+    root = facts.root
+    if root.error:
+        return Finding("fail", name, f"cannot look at {root.path}: {root.error}", "")
+    if not root.exists:
+        if facts.agent_running:
+            return Finding(
+                "fail",
+                name,
+                f"{root.path} does not exist while the agent runs",
+                "restart the agent (it makes the directory at start); check mps.root_dir",
+            )
+        return Finding(
+            "warn", name, f"{root.path} does not exist yet (the agent makes it at start)"
+        )
+    if not facts.devices:
+        return Finding("warn", name, f"no device directories under {root.path} yet")
+    mode = _pipe_mode(facts.client_gid)
+    group = "-" if facts.client_gid is None else str(facts.client_gid)
+    owner = f"{facts.agent_uid}:{'' if facts.client_gid is None else facts.client_gid}"
+    problems: list[str] = []
+    fixes: list[str] = []
+    for parent in (root, *(d.base for d in facts.devices)):
+        if parent.exists and parent.mode & 0o022:
+            problems.append(f"{parent.path} is writable by group or others ({parent.mode:04o})")
+            fixes.append(f"chmod 0755 {parent.path}")
+    for device in facts.devices:
+        for directory in (device.pipe, device.log):
+            if not directory.exists:
+                problems.append(f"{directory.path} is missing")
+                fixes.append(f"restart the agent (it makes {directory.path})")
+                continue
+            wrong_group = facts.client_gid is not None and directory.gid != facts.client_gid
+            if directory.mode != mode or directory.uid != facts.agent_uid or wrong_group:
+                problems.append(
+                    f"{directory.path} is {directory.shown()}, must be {mode:04o} uid "
+                    f"{facts.agent_uid} gid {group}"
+                )
+                fixes.append(f"chown {owner.rstrip(':')} {directory.path}")
+                fixes.append(f"chmod {mode:04o} {directory.path}")
+    if problems:
+        fix = " && ".join(dict.fromkeys(fixes)) + (
+            " (the agent puts them back at its next probe: a change means something else "
+            "writes there)"
+        )
+        return Finding("fail", name, _listed(problems), fix)
+    summary = (
+        f"{len(facts.devices)} device(s) under {root.path}: pipe and log {mode:04o} uid "
+        f"{facts.agent_uid} gid {group}"
+    )
+    if facts.group_missing:
+        return Finding(
+            "warn",
+            name,
+            f"{summary}; mps.client_group {facts.group!r} does not exist, so only the agent's "
+            "user reaches the MPS pipes",
+            f"create the group {facts.group} with the gid the clients run as "
+            "(runAsGroup/supplementalGroups), or set mps.client_gid",
+        )
+    return Finding("ok", name, summary)
+
+
+def check_shm(facts: ShmFacts) -> Finding:
+    """One host directory, shared by the MPS server and every client at /dev/shm."""
+    name = "mps-shm"
+    if not facts.kubelet_enabled and not facts.dra_enabled:
+        return Finding(
+            "skip",
+            name,
+            "no Kubernetes path (kubelet.enabled and dra.enabled are off): clients on the "
+            "host share its /dev/shm with the MPS server",
+        )
+    if facts.kubelet_shm_dir and facts.dra_shm_dir and facts.kubelet_shm_dir != facts.dra_shm_dir:
+        return Finding(
+            "fail",
+            name,
+            f"kubelet.shm_dir {facts.kubelet_shm_dir} and dra.shm_dir {facts.dra_shm_dir} differ",
+            "set both to the host directory the mps-host pod mounts at /dev/shm",
+        )
+    keys = [
+        key
+        for key, on, value in (
+            ("kubelet.shm_dir", facts.kubelet_enabled, facts.kubelet_shm_dir),
+            ("dra.shm_dir", facts.dra_enabled, facts.dra_shm_dir),
+        )
+        if on and not value
+    ]
+    if keys:
+        return Finding(
+            "warn",
+            name,
+            f"{' and '.join(keys)} empty: each client container gets a /dev/shm of its own, "
+            "which the MPS server does not share",
+            f"set {' and '.join(keys)} to the host directory the mps-host pod mounts at /dev/shm",
+        )
+    d = facts.directory
+    if d is None:  # pragma: no cover - gathered whenever a directory is configured
+        return Finding("skip", name, "no shm directory configured")
+    if d.error:
+        return Finding("fail", name, f"cannot look at {d.path}: {d.error}")
+    make = f"mkdir -p {d.path} && chmod 1777 {d.path} (or a tmpfs of the size clients need)"
+    if not d.exists:
+        return Finding("fail", name, f"{d.path} does not exist", make)
+    if not d.is_dir:
+        return Finding("fail", name, f"{d.path} is not a directory", make)
+    by_group = facts.client_gid is not None and d.gid == facts.client_gid and d.mode & 0o020
+    if not d.mode & 0o002 and not by_group:
+        return Finding(
+            "fail",
+            name,
+            f"{d.path} is {d.shown()}: MPS clients of other users cannot create their "
+            "segments in it",
+            f"chmod 1777 {d.path}",
+        )
+    if d.mode & 0o002 and not d.mode & stat.S_ISVTX:
+        return Finding(
+            "warn",
+            name,
+            f"{d.path} is world-writable without the sticky bit ({d.mode:04o}): clients may "
+            "remove each other's segments",
+            f"chmod 1777 {d.path}",
+        )
+    return Finding("ok", name, f"{d.path} exists, mode {d.mode:04o}")
+
+
+def check_dir(name: str, key: str, enabled_key: str, enabled: bool, d: PathFacts) -> Finding:
+    """A directory the agent writes into (plugin sockets, CDI specs): present, writable."""
+    if not enabled:
+        return Finding("skip", name, f"{enabled_key} is off")
+    if d.error:
+        return Finding("fail", name, f"cannot look at {d.path} ({key}): {d.error}")
+    if not d.exists:
+        return Finding(
+            "fail",
+            name,
+            f"{d.path} ({key}) does not exist",
+            f"mount the host's {d.path} into the agent's pod (hostPath), or set {key} to "
+            "where the kubelet and the container runtime look",
+        )
+    if not d.is_dir:
+        return Finding("fail", name, f"{d.path} ({key}) is not a directory", f"check {key}")
+    if not d.writable:
+        return Finding(
+            "fail",
+            name,
+            f"{d.path} ({key}) is not writable by this user ({d.shown()})",
+            "run the agent as root (the kubelet's directories are root's), or mount it read-write",
+        )
+    return Finding("ok", name, f"{d.path} exists and is writable")
+
+
+def check_agent(facts: AgentFacts) -> Finding:
+    name = "agent"
+    if facts.error:
+        return Finding(
+            "fail",
+            name,
+            facts.error,
+            "start the agent (gpushare serve; systemctl start gpushare-agent; under "
+            "Kubernetes: kubectl -n gpushare-system get pods -o wide --field-selector "
+            "spec.nodeName=<node>, then its logs)",
+        )
+    mode = "simulated node" if facts.simulated else "real node"
+    return Finding(
+        "ok",
+        name,
+        f"answers on {facts.where}: node {facts.node_name} ({mode}), {facts.devices} "
+        f"device(s), agent {facts.version}",
+    )

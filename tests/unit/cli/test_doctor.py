@@ -1,0 +1,615 @@
+"""`gpushare doctor`: each check over facts that break one prerequisite at a time, the
+certificate dates read from DER, the facts gathered from real files, and the Kubernetes
+questions asked of the stand-in API server."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from agent.cli import doctor as doc
+from agent.cli.main import cli
+from agent.config import load_settings
+from agent.runtime import preflight as pf
+from agent.runtime.preflight import (
+    AgentFacts,
+    BinaryFacts,
+    CertFacts,
+    DeviceDirs,
+    DriverFacts,
+    Finding,
+    KubeFacts,
+    MpsDirFacts,
+    PathFacts,
+    ShmFacts,
+    gather,
+)
+from tests.certs import make_pki
+from tests.kube.apiserver import FakeApiServer
+
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+REAL = "/usr/bin/nvidia-cuda-mps-control"
+FAKE = "/venv/bin/gpushare-fake-mps-control"
+
+
+def line(f: Finding) -> str:
+    return pf.render([f])[0]
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+def test_render_pads_the_check_column_and_adds_the_fix() -> None:
+    lines = pf.render(
+        [Finding("ok", "agent", "answers"), Finding("fail", "cdi-dir", "missing", "mkdir it")]
+    )
+    assert lines == ["ok    agent    answers", "fail  cdi-dir  missing  fix: mkdir it"]
+    assert pf.failed([Finding("warn", "a", "b")]) is False
+    assert pf.failed([Finding("warn", "a", "b"), Finding("fail", "c", "d")]) is True
+
+
+# -- MPS binary and the driver ----------------------------------------------------------------
+
+GOOD_BINARY = BinaryFacts("auto", REAL, executable=True, release="535.309.01")
+
+
+@pytest.mark.parametrize(
+    ("simulated", "binary", "status", "found", "fix"),
+    [
+        (False, GOOD_BINARY, "ok", f"{REAL} (driver release 535.309.01)", ""),
+        (False, BinaryFacts("auto", ""), "fail", "not on PATH", "install the driver's MPS"),
+        (False, BinaryFacts("/opt/x", ""), "fail", "/opt/x is not an executable", "point mps"),
+        (False, BinaryFacts("auto", REAL), "fail", "not executable", f"chmod 0755 {REAL}"),
+        (True, BinaryFacts("auto", FAKE, True, fake=True), "ok", "the bundled fake", ""),
+        (False, BinaryFacts("auto", FAKE, True, fake=True), "fail", "on a real node", "auto"),
+        (False, dataclasses.replace(GOOD_BINARY, release=None), "ok", "no release embedded", ""),
+    ],
+)
+def test_mps_binary(
+    simulated: bool, binary: BinaryFacts, status: str, found: str, fix: str
+) -> None:
+    f = pf.check_mps_binary(simulated, binary)
+    assert (f.status, f.check) == (status, "mps-binary")
+    assert found in f.found and fix in f.fix
+
+
+@pytest.mark.parametrize(
+    ("driver", "binary", "status", "found", "fix"),
+    [
+        (DriverFacts(True), GOOD_BINARY, "skip", "simulated node", ""),
+        (DriverFacts(False, "535.309.01"), GOOD_BINARY, "ok", "driver 535.309.01 = ", ""),
+        (
+            DriverFacts(False, "550.54.15"),
+            GOOD_BINARY,
+            "fail",
+            "is from driver release 535.309.01 but the running driver is 550.54.15",
+            "use the driver's own MPS binaries",
+        ),
+        (
+            DriverFacts(False, error="NVML Shared Library Not Found"),
+            GOOD_BINARY,
+            "fail",
+            "NVML cannot be asked: NVML Shared Library Not Found",
+            "nvidia RuntimeClass",
+        ),
+        (
+            DriverFacts(False, "535.309.01"),
+            dataclasses.replace(GOOD_BINARY, release=None),
+            "warn",
+            "names no release",
+            "the driver's own",
+        ),
+        (DriverFacts(False, "535.309.01"), BinaryFacts("auto", ""), "warn", "no MPS control", ""),
+    ],
+)
+def test_driver_release(
+    driver: DriverFacts, binary: BinaryFacts, status: str, found: str, fix: str
+) -> None:
+    f = pf.check_driver(driver, binary)
+    assert (f.status, f.check) == (status, "driver-release")
+    assert found in f.found and fix in f.fix
+
+
+# -- Kubernetes ----------------------------------------------------------------------------
+
+
+def node(labels: dict[str, str], allocatable: dict[str, str] | None = None) -> dict[str, object]:
+    return {
+        "metadata": {"name": "n1", "labels": labels},
+        "status": {"allocatable": allocatable or {}},
+    }
+
+
+API = KubeFacts(
+    api="https://k:6443",
+    node_name="n1",
+    node=node({pf.GPU_PRESENT_LABEL: "true"}),
+    runtime_class_found=True,
+)
+
+
+@pytest.mark.parametrize(
+    ("kube", "label", "runtime_class", "plugin"),
+    [
+        (API, "ok", "ok", "ok"),
+        (KubeFacts(why="not in a cluster"), "skip", "skip", "skip"),
+        (dataclasses.replace(API, node=node({})), "fail", "ok", "ok"),
+        (dataclasses.replace(API, node=node({pf.GPU_PRESENT_LABEL: "false"})), "fail", "ok", "ok"),
+        (dataclasses.replace(API, node=None, node_error="404 NotFound"), "fail", "ok", "fail"),
+        (dataclasses.replace(API, runtime_class_found=False), "ok", "fail", "ok"),
+        (
+            dataclasses.replace(API, runtime_class_found=None, runtime_class_error="403"),
+            "ok",
+            "fail",
+            "ok",
+        ),
+        (
+            dataclasses.replace(
+                API, node=node({pf.GPU_PRESENT_LABEL: "true"}, {"nvidia.com/gpu": "8"})
+            ),
+            "ok",
+            "ok",
+            "warn",
+        ),
+    ],
+)
+def test_kubernetes_checks(kube: KubeFacts, label: str, runtime_class: str, plugin: str) -> None:
+    got = (
+        pf.check_node_label(kube),
+        pf.check_runtime_class(kube),
+        pf.check_device_plugin(kube),
+    )
+    assert [f.status for f in got] == [label, runtime_class, plugin]
+    for f in got:
+        assert (f.status == "fail") == bool(f.fix) or f.status == "warn"
+    if kube.api == "":
+        assert all(f.found == "skipped: no API (not in a cluster)" for f in got)
+
+
+def test_the_label_fix_names_the_node_and_the_label() -> None:
+    f = pf.check_node_label(dataclasses.replace(API, node=node({})))
+    assert "node n1 lacks it" in f.found
+    assert "kubectl label node n1 nvidia.com/gpu.present=true" in f.fix
+
+
+# -- MPS directories ----------------------------------------------------------------------
+
+
+def d(path: str, mode: int, uid: int = 0, gid: int = 0, **kw: object) -> PathFacts:
+    return PathFacts(path, exists=True, is_dir=True, mode=mode, uid=uid, gid=gid, **kw)  # type: ignore[arg-type]
+
+
+def device(
+    uuid: str = "GPU-1", pipe: int = 0o750, log: int = 0o750, base: int = 0o755, gid: int = 50
+) -> DeviceDirs:
+    return DeviceDirs(
+        uuid,
+        d(f"/r/mps/{uuid}", base),
+        d(f"/r/mps/{uuid}/pipe", pipe, gid=gid),
+        d(f"/r/mps/{uuid}/log", log, gid=gid),
+    )
+
+
+DIRS = MpsDirFacts(
+    root=d("/r/mps", 0o755), devices=[device()], agent_uid=0, client_gid=50, group="gpushare"
+)
+
+
+@pytest.mark.parametrize(
+    ("facts", "status", "found", "fix"),
+    [
+        (DIRS, "ok", "1 device(s) under /r/mps: pipe and log 0750 uid 0 gid 50", ""),
+        (
+            dataclasses.replace(DIRS, devices=[device(pipe=0o777)]),
+            "fail",
+            "/r/mps/GPU-1/pipe is 0777 uid 0 gid 50, must be 0750 uid 0 gid 50",
+            "chown 0:50 /r/mps/GPU-1/pipe && chmod 0750 /r/mps/GPU-1/pipe",
+        ),
+        (
+            dataclasses.replace(DIRS, devices=[device(gid=0)]),
+            "fail",
+            "/r/mps/GPU-1/pipe is 0750 uid 0 gid 0, must be 0750 uid 0 gid 50",
+            "chown 0:50",
+        ),
+        (
+            dataclasses.replace(DIRS, agent_uid=1000),
+            "fail",
+            "must be 0750 uid 1000 gid 50",
+            "chown 1000:50",
+        ),
+        (
+            dataclasses.replace(DIRS, devices=[device(base=0o777)]),
+            "fail",
+            "/r/mps/GPU-1 is writable by group or others (0777)",
+            "chmod 0755 /r/mps/GPU-1",
+        ),
+        (
+            dataclasses.replace(
+                DIRS,
+                devices=[
+                    DeviceDirs(
+                        "GPU-1",
+                        d("/r/mps/GPU-1", 0o755),
+                        PathFacts("/r/mps/GPU-1/pipe", False),
+                        d("/r/mps/GPU-1/log", 0o750, gid=50),
+                    )
+                ],
+            ),
+            "fail",
+            "/r/mps/GPU-1/pipe is missing",
+            "restart the agent",
+        ),
+        (
+            dataclasses.replace(DIRS, root=PathFacts("/r/mps", False), agent_running=True),
+            "fail",
+            "does not exist while the agent runs",
+            "restart the agent",
+        ),
+        (
+            dataclasses.replace(DIRS, root=PathFacts("/r/mps", False)),
+            "warn",
+            "does not exist yet",
+            "",
+        ),
+        (dataclasses.replace(DIRS, devices=[]), "warn", "no device directories", ""),
+        (
+            dataclasses.replace(
+                DIRS,
+                devices=[device(pipe=0o700, log=0o700, gid=0)],
+                client_gid=None,
+                group_missing=True,
+            ),
+            "warn",
+            "mps.client_group 'gpushare' does not exist",
+            "create the group gpushare",
+        ),
+        (
+            dataclasses.replace(DIRS, devices=[device(pipe=0o750, gid=0)], client_gid=None),
+            "fail",
+            "must be 0700 uid 0 gid -",
+            "chown 0 /r/mps/GPU-1/pipe && chmod 0700",
+        ),
+    ],
+)
+def test_mps_dirs(facts: MpsDirFacts, status: str, found: str, fix: str) -> None:
+    f = pf.check_mps_dirs(facts)
+    assert (f.status, f.check) == (status, "mps-pipes")
+    assert found in f.found and fix in f.fix
+
+
+def test_many_bad_pipe_directories_are_listed_shortly() -> None:
+    facts = dataclasses.replace(DIRS, devices=[device(f"GPU-{i}", pipe=0o777) for i in range(5)])
+    assert "(+2 more)" in pf.check_mps_dirs(facts).found
+
+
+# -- shm ----------------------------------------------------------------------------------
+
+SHM = ShmFacts(True, "/dev/shm-mps", False, "", d("/dev/shm-mps", 0o1777), client_gid=50)
+
+
+@pytest.mark.parametrize(
+    ("facts", "status", "found", "fix"),
+    [
+        (SHM, "ok", "/dev/shm-mps exists, mode 1777", ""),
+        (ShmFacts(False, "", False, ""), "skip", "no Kubernetes path", ""),
+        (
+            ShmFacts(True, "", True, ""),
+            "warn",
+            "kubelet.shm_dir and dra.shm_dir empty",
+            "mounts at /dev/shm",
+        ),
+        (ShmFacts(True, "/a", True, "/b"), "fail", "/a and dra.shm_dir /b differ", "set both"),
+        (
+            dataclasses.replace(SHM, directory=PathFacts("/dev/shm-mps", False)),
+            "fail",
+            "/dev/shm-mps does not exist",
+            "mkdir -p /dev/shm-mps && chmod 1777",
+        ),
+        (
+            dataclasses.replace(
+                SHM, directory=PathFacts("/dev/shm-mps", True, is_dir=False, mode=0o644)
+            ),
+            "fail",
+            "is not a directory",
+            "mkdir",
+        ),
+        (
+            dataclasses.replace(SHM, directory=d("/dev/shm-mps", 0o755)),
+            "fail",
+            "cannot create their segments",
+            "chmod 1777 /dev/shm-mps",
+        ),
+        (
+            dataclasses.replace(SHM, directory=d("/dev/shm-mps", 0o777)),
+            "warn",
+            "without the sticky bit",
+            "chmod 1777",
+        ),
+        (dataclasses.replace(SHM, directory=d("/dev/shm-mps", 0o3770, gid=50)), "ok", "3770", ""),
+    ],
+)
+def test_shm(facts: ShmFacts, status: str, found: str, fix: str) -> None:
+    f = pf.check_shm(facts)
+    assert (f.status, f.check) == (status, "mps-shm")
+    assert found in f.found and fix in f.fix
+
+
+# -- plugin and CDI directories --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("enabled", "facts", "status", "found", "fix"),
+    [
+        (True, d("/var/run/cdi", 0o755, writable=True), "ok", "exists and is writable", ""),
+        (False, PathFacts("/var/run/cdi", False), "skip", "dra.enabled is off", ""),
+        (
+            True,
+            PathFacts("/var/run/cdi", False),
+            "fail",
+            "/var/run/cdi (dra.cdi_dir) does not exist",
+            "mount the host's /var/run/cdi",
+        ),
+        (True, d("/var/run/cdi", 0o755), "fail", "not writable by this user", "run the agent as"),
+        (True, PathFacts("/var/run/cdi", True, mode=0o644), "fail", "not a directory", ""),
+        (True, PathFacts("/var/run/cdi", False, error="Permission denied"), "fail", "denied", ""),
+    ],
+)
+def test_dirs(enabled: bool, facts: PathFacts, status: str, found: str, fix: str) -> None:
+    f = pf.check_dir("cdi-dir", "dra.cdi_dir", "dra.enabled", enabled, facts)
+    assert (f.status, f.check) == (status, "cdi-dir")
+    assert found in f.found and fix in f.fix
+
+
+# -- certificates ---------------------------------------------------------------------------
+
+
+def valid(days_before: float, days_after: float) -> CertFacts:
+    span = (NOW - timedelta(days=days_before), NOW + timedelta(days=days_after))
+    return CertFacts("api.tls_cert_file", "/tls/tls.crt", validity=(span,))
+
+
+@pytest.mark.parametrize(
+    ("facts", "status", "found", "fix"),
+    [
+        (valid(10, 80), "ok", "valid until 2027-02-23 12:00 UTC (80 days)", ""),
+        (valid(10, 13.5), "warn", "expires in 13.5 days", "renew /tls/tls.crt"),
+        (valid(90, -1), "fail", "/tls/tls.crt expired on 2026-12-04 12:00 UTC", "renew"),
+        (valid(-1, 90), "fail", "not valid before 2026-12-06", "clock"),
+        (
+            CertFacts(
+                "api.tls_cert_file", "/tls/tls.crt", error="cannot read it: Permission denied"
+            ),
+            "fail",
+            "/tls/tls.crt: cannot read it: Permission denied",
+            "mount the Secret",
+        ),
+        (CertFacts("api.tls_cert_file", "/tls/x"), "fail", "holds no PEM certificate", "renew"),
+        (CertFacts("api.tls_key_file", "/tls/tls.key", is_key=True), "ok", "is readable", ""),
+    ],
+)
+def test_certificate(facts: CertFacts, status: str, found: str, fix: str) -> None:
+    f = pf.check_cert(facts, NOW)
+    assert (f.status, f.check) == (status, f"cert:{facts.key}")
+    assert found in f.found and fix in f.fix
+
+
+def test_a_chain_is_as_good_as_its_first_expiry() -> None:
+    chain = CertFacts(
+        "api.tls_cert_file",
+        "/c",
+        validity=(valid(1, 300).validity[0], valid(1, -2).validity[0]),
+    )
+    assert pf.check_cert(chain, NOW).status == "fail"
+
+
+def test_no_certificates_configured_is_a_skip() -> None:
+    [f] = pf.check_certs([], NOW, ("api.tls_cert_file",))
+    assert line(f) == "skip  certificates  none configured (api.tls_cert_file)"
+
+
+def openssl_ca(root: Path, name: str, start: str, end: str) -> Path:
+    """A certificate of the test CA with the given dates (``openssl ca``)."""
+    (root / "ca.cnf").write_text(
+        "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n"
+        "serial = ca.srl\ndefault_md = sha256\npolicy = p\nunique_subject = no\n"
+        "[p]\ncommonName = supplied\n"
+    )
+    (root / "index.txt").touch()
+    subprocess.run(
+        ["openssl", "ca", "-batch", "-config", "ca.cnf", "-cert", "ca.crt", "-keyfile",
+         "ca.key", "-in", "server.csr", "-out", f"{name}.crt", "-startdate", start,
+         "-enddate", end, "-notext"],
+        cwd=root, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return root / f"{name}.crt"
+
+
+def test_pem_dates_are_what_openssl_reads(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    [(before, after)] = pf.pem_validity(pki.server_cert.read_text())
+    shown = subprocess.run(
+        ["openssl", "x509", "-in", str(pki.server_cert), "-noout", "-enddate"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert shown == "notAfter=" + after.strftime("%b %e %H:%M:%S %Y GMT")
+    assert timedelta(days=1.9) < after - before < timedelta(days=2.1)
+    # UTCTime before 2050, GeneralizedTime after
+    old = openssl_ca(tmp_path, "old", "20200101000000Z", "20200201000000Z")
+    far = openssl_ca(tmp_path, "far", "20491231000000Z", "20600102030405Z")
+    assert pf.pem_validity(old.read_text()) == [
+        (datetime(2020, 1, 1, tzinfo=UTC), datetime(2020, 2, 1, tzinfo=UTC))
+    ]
+    assert pf.pem_validity(far.read_text()) == [
+        (datetime(2049, 12, 31, tzinfo=UTC), datetime(2060, 1, 2, 3, 4, 5, tzinfo=UTC))
+    ]
+    both = pki.server_cert.read_text() + pki.ca.read_text()
+    assert len(pf.pem_validity(both)) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n",
+        "-----BEGIN CERTIFICATE-----\nMAMCAQE=\n-----END CERTIFICATE-----\n",
+        "-----BEGIN CERTIFICATE-----\nMIIBAA==\n-----END CERTIFICATE-----\n",
+    ],
+)
+def test_bad_certificates_are_refused(text: str) -> None:
+    with pytest.raises(pf.CertificateError):
+        pf.pem_validity(text)
+
+
+def test_cert_facts_from_files(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nMAMCAQE=\n-----END CERTIFICATE-----\n")
+    settings = load_settings(
+        overrides={
+            "api.tls_cert_file": str(pki.server_cert),
+            "api.tls_key_file": str(pki.server_key),
+            "api.tls_client_ca_file": str(tmp_path / "missing.crt"),
+            "dra.api_ca": str(garbage),
+        }
+    )
+    facts = {f.key: f for f in gather.cert_facts(settings)}
+    assert len(facts["api.tls_cert_file"].validity) == 1
+    assert facts["api.tls_key_file"].is_key and not facts["api.tls_key_file"].error
+    assert facts["api.tls_client_ca_file"].error == "cannot read it: No such file or directory"
+    assert facts["dra.api_ca"].error.startswith("not a PEM certificate")
+    statuses = {f.check: f.status for f in pf.check_certs(list(facts.values()), NOW, ())}
+    assert statuses == {
+        "cert:api.tls_cert_file": "warn",  # the test CA's certificates live 2 days
+        "cert:api.tls_key_file": "ok",
+        "cert:api.tls_client_ca_file": "fail",
+        "cert:dra.api_ca": "fail",
+    }
+
+
+# -- the agent ---------------------------------------------------------------------------------
+
+
+def test_agent() -> None:
+    ok = pf.check_agent(AgentFacts("/run/gpushare/agent.sock", node_name="w1", devices=4))
+    assert line(ok) == (
+        "ok    agent  answers on /run/gpushare/agent.sock: node w1 (real node), 4 device(s), agent "
+    )
+    down = pf.check_agent(AgentFacts("/s", error="no agent socket at /s"))
+    assert down.status == "fail" and "systemctl start gpushare-agent" in down.fix
+
+
+# -- gathered from real files ------------------------------------------------------------------
+
+
+def test_mps_dir_facts_read_the_directories(tmp_path: Path) -> None:
+    gid = os.getgid()
+    settings = load_settings(overrides={"paths.runtime_dir": str(tmp_path), "mps.client_gid": gid})
+    base = tmp_path / "mps" / "GPU-1"
+    for sub in ("pipe", "log"):
+        (base / sub).mkdir(parents=True)
+        (base / sub).chmod(0o750)
+    (tmp_path / "mps").chmod(0o755)
+    base.chmod(0o755)
+    (tmp_path / "mps" / "stray-file").write_text("")
+    facts = gather.mps_dir_facts(settings, agent_running=True)
+    assert [x.uuid for x in facts.devices] == ["GPU-1"]
+    assert facts.agent_uid == os.geteuid() and facts.client_gid == gid
+    assert pf.check_mps_dirs(facts).status == "ok"
+    (base / "pipe").chmod(0o770)
+    f = pf.check_mps_dirs(gather.mps_dir_facts(settings, agent_running=True))
+    assert f.status == "fail" and f"{base}/pipe is 0770" in f.found
+
+
+def test_a_missing_client_group_is_reported(tmp_path: Path) -> None:
+    settings = load_settings(
+        overrides={"paths.runtime_dir": str(tmp_path), "mps.client_group": "no-such-group-x"}
+    )
+    facts = gather.mps_dir_facts(settings, agent_running=False)
+    assert facts.client_gid is None and facts.group_missing
+
+
+def test_binary_facts(tmp_path: Path) -> None:
+    binary = tmp_path / "nvidia-cuda-mps-control"
+    binary.write_bytes(b"\x7fELF\x00535.309.01\x00rest")
+    binary.chmod(0o755)
+    settings = load_settings(overrides={"mps.control_binary": str(binary)})
+    facts = gather.binary_facts(settings, simulated=False)
+    assert facts == BinaryFacts(str(binary), str(binary), True, "535.309.01", False)
+    missing = load_settings(overrides={"mps.control_binary": str(tmp_path / "none")})
+    assert gather.binary_facts(missing, simulated=False).path == ""
+
+
+# -- the Kubernetes API ------------------------------------------------------------------------
+
+
+async def test_kube_facts_from_an_api_server() -> None:
+    async def runtime_class(request: web.Request) -> web.Response:
+        if request.match_info["name"] != "nvidia":
+            return web.json_response(
+                {"kind": "Status", "code": 404, "reason": "NotFound", "message": "not found"},
+                status=404,
+            )
+        return web.json_response({"kind": "RuntimeClass", "handler": "nvidia"})
+
+    api = FakeApiServer(token="t")  # and one route the stand-in does not serve:
+    api.app.router.add_get("/apis/node.k8s.io/v1/runtimeclasses/{name}", runtime_class)
+    async with api:
+        api.create_node("n1", labels={pf.GPU_PRESENT_LABEL: "true"})
+        base = KubeFacts(node_name="n1", runtime_class="nvidia")
+        facts = await doc._ask_kube(base, api.url, "t", "", 5.0)
+        assert facts.api == api.url and facts.runtime_class_found is True
+        assert [pf.check_node_label(facts).status, pf.check_runtime_class(facts).status] == [
+            "ok",
+            "ok",
+        ]
+        other = dataclasses.replace(base, node_name="n2", runtime_class="nvidia-cdi")
+        facts = await doc._ask_kube(other, api.url, "t", "", 5.0)
+        assert facts.runtime_class_found is False
+        assert pf.check_node_label(facts).status == "fail"
+        assert "not read from" in pf.check_node_label(facts).found
+        refused = await doc._ask_kube(base, api.url, "wrong", "", 5.0)
+        assert refused.node is None and refused.runtime_class_found is None
+        assert "Unauthorized" in pf.check_runtime_class(refused).found
+
+
+def test_no_api_skips_the_kubernetes_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    facts = doc._kube_facts(
+        load_settings(overrides={}),
+        api_server="",
+        token_file="",
+        ca_file="",
+        node_name="n1",
+        runtime_class="nvidia",
+        timeout_s=1.0,
+    )
+    assert facts.api == "" and "neither --api-server nor dra.api_server" in facts.why
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["doctor", "--api-ca", "/x"],
+        ["doctor", "--timeout", "0"],
+        ["doctor", "--set", "novalue"],
+        ["doctor", "--set", "mps.client_gid=x"],
+        ["doctor", "--bogus"],
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["--socket", str(tmp_path / "agent.sock"), *args])
+    assert result.exit_code == 2, result.output
+
+
+def test_help() -> None:
+    result = CliRunner().invoke(cli, ["doctor", "--help"])
+    assert result.exit_code == 0 and "--api-server" in result.output
