@@ -603,3 +603,35 @@ async def test_in_cluster_reads_a_rotated_token(
 def test_in_cluster_outside_a_cluster_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not in a cluster"):
         RestKubeApi.in_cluster(token_file=str(tmp_path / "none"), environ={})
+
+
+def claim(name: str, node: str) -> Obj:
+    result = {"request": "gpu", "driver": "gpushare.io", "pool": node, "device": "gpu-0"}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "c"}}]}},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+async def test_a_claim_watch_decodes_only_what_mentions_the_node(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    start = (await kube.list_resource_claims()).resource_version
+    mine = api.put_object("resourceclaims", claim("mine", "node-a"))
+    other = api.put_object("resourceclaims", claim("other", "node-b"))
+    seen: list[WatchEvent] = []
+    async with contextlib.aclosing(
+        kube.watch_resource_claims(start, timeout_s=5, mentioning='"node-a"')
+    ) as events:
+        async for event in events:
+            seen.append(event)
+            if len(seen) == 2:
+                break
+    assert [e.kind for e in seen] == ["ADDED", "BOOKMARK"]
+    assert seen[0].obj["metadata"]["name"] == "mine"
+    # the other node's claim, undecoded: only where to resume from
+    assert seen[1].obj == {"metadata": {"resourceVersion": other["metadata"]["resourceVersion"]}}
+    assert mine["metadata"]["resourceVersion"] != other["metadata"]["resourceVersion"]
