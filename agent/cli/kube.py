@@ -315,3 +315,53 @@ async def _serve(options: dict[str, Any], cluster: Any) -> None:
     finally:
         await side.aclose()
         await api.aclose()
+
+
+@kube.command("release-finalizers", context_settings=CONTEXT)
+@click.option(
+    "--api-server",
+    envvar="GPUSHARE_KUBE_API_SERVER",
+    metavar="URL",
+    default="",
+    help="The Kubernetes API server. Default: the pod's service account (in-cluster).",
+)
+@file_option("--api-token-file", "Bearer token for --api-server.")
+@file_option("--api-ca", "CA of --api-server's certificate.")
+@seconds_option("--api-timeout-s", 30.0, "How long one API request may take.")
+@click.option("--dry-run", is_flag=True, help="List the pods; change nothing.")
+def kube_release_finalizers(**options: Any) -> None:
+    """Remove the gpushare.io/lease finalizer from every pod that still has it, and only
+    that finalizer: for an uninstall, once `gpushare kube serve` (whose lease controller
+    removes it as each pod ends) is gone, so that deleted share pods do not hang in
+    Terminating. Their leases end with their agents. Exits 1 if one could not be removed."""
+    if (options["api_token_file"] or options["api_ca"]) and not options["api_server"]:
+        fail("usage: --api-token-file and --api-ca go with --api-server", exits.CONFIG)
+    try:
+        left = asyncio.run(_release_finalizers(_api(options), dry_run=options["dry_run"]))
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", exits.CONFIG)
+    except GpushareError as exc:
+        fail(str(exc), exits.FAILURE)
+    sys.exit(exits.FAILURE if left else exits.OK)
+
+
+async def _release_finalizers(api: Any, *, dry_run: bool) -> int:
+    """Drop the finalizer everywhere; how many pods kept it."""
+    from agent.kube.finalizer import drop_finalizer, holds_finalizer
+
+    async with api:
+        pods = [p for p in (await api.list_pods()).items if holds_finalizer(p)]
+        left = 0
+        for pod in pods:
+            meta = pod["metadata"]
+            name = f"{meta['namespace']}/{meta['name']}"
+            if dry_run:
+                click.echo(f"would release the finalizer of {name}")
+            elif await drop_finalizer(api, pod):
+                click.echo(f"released the finalizer of {name}")
+            else:
+                left += 1
+                click.echo(f"the finalizer of {name} could not be removed (conflicts)", err=True)
+        if not pods:
+            click.echo("no pod holds the gpushare.io/lease finalizer")
+        return left

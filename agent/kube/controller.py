@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 import grpc
 
 from agent.api.proto import agent_pb2 as pb
-from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
+from agent.kube.annotations import SCHEDULER_NAME
 from agent.kube.cache import AgentCache
+from agent.kube.finalizer import drop_finalizer, holds_finalizer
 from agent.kube.leaseless import LeaselessPods, evicted_event, orphaned, placement
 from agent.kube.views import pod_uid_of
 from agent.kubeapi.port import (
@@ -44,10 +45,6 @@ RETRY_MAX_S = 30.0
 SETTLE_CONCURRENCY = 16  # ended pods given back at once, beside the watch
 SETTLE_TRIES = 5
 DONE_CODES = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
-
-
-def holds_finalizer(pod: Obj) -> bool:
-    return FINALIZER in ((pod.get("metadata") or {}).get("finalizers") or [])
 
 
 class LeaseController:
@@ -303,22 +300,7 @@ class LeaseController:
         return True
 
     async def _drop_finalizer(self, pod: Obj) -> None:
-        """Remove our finalizer, compare-and-set on the resourceVersion (409: read again)."""
-        meta = pod["metadata"]
-        for _ in range(5):
-            finalizers = meta.get("finalizers") or []
-            kept = [f for f in finalizers if f != FINALIZER]
-            if len(kept) == len(finalizers):
-                return  # dropped already (a settling sent twice)
-            patch = {"metadata": {"finalizers": kept, "resourceVersion": meta["resourceVersion"]}}
-            try:
-                await self._api.patch_pod(meta["namespace"], meta["name"], patch)
-                return
-            except Conflict:
-                meta = (await self._api.get_pod(meta["namespace"], meta["name"]))["metadata"]
-            except NotFound:
-                return
-        log.warning("finalizer of %s/%s not removed: conflicts", meta["namespace"], meta["name"])
+        await drop_finalizer(self._api, pod)
 
     # -- reconcile -------------------------------------------------------------------------
 
