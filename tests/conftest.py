@@ -1,5 +1,6 @@
-"""Shared test set-up: markers that skip with a reason, unit-test timeouts, and a check
-that no asyncio task outlives the test that started it."""
+"""Shared test set-up: markers that skip with a reason, unit-test timeouts, a check that no
+asyncio task outlives the test that started it, and one that no process the suite
+started (an agent, an MPS daemon, a fake server) outlives the session."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+
+from tests import leftovers
+
+BEFORE = pytest.StashKey[set[tuple[int, float]]]()
+leftovers.mark_session()
 
 UNIT_TIMEOUT_S = 5
 # Agents the tests start stop their MPS daemons with them (the production default keeps
@@ -28,6 +34,24 @@ def nvml_unavailable_reason() -> str | None:
         return f"needs an NVIDIA GPU and driver (NVML: {exc})"
     pynvml.nvmlShutdown()
     return None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[BEFORE] = leftovers.snapshot()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when it leaves processes behind (named, then ended)."""
+    if session.config.option.collectonly or hasattr(session.config, "workerinput"):
+        return
+    left = leftovers.left_behind(session.config.stash.get(BEFORE, set()))
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("processes left behind by the tests:", red=True)
+            for line in left:
+                reporter.write_line(f"  {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
