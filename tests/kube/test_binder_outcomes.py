@@ -356,7 +356,8 @@ async def test_a_gang_whose_commit_failed_on_one_node_keeps_no_lease_on_another(
     """The commit succeeded on n1 and failed on n2 (its agent gone): an abort ends only
     reservations, so the member committed on n1 is released, not left for its retry to
     bind alone."""
-    async with world(root, nodes=("n1", "n2"), hold_s=3.0) as w:
+    # the gang waits well past n1's hold (g0 reserves after it), however loaded the machine
+    async with world(root, nodes=("n1", "n2"), hold_s=3.0, gang_ttl_s=20.0) as w:
         w.create("a")
         for name in ("g0", "g1"):
             w.create(name, gang="g", size=2)
