@@ -14,7 +14,6 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import click
 import yaml
@@ -242,22 +241,10 @@ async def _ask_kube(
     from agent.kubeapi.port import KubeError, NotFound
     from agent.kubeapi.rest import RestKubeApi
 
-    class DoctorApi(RestKubeApi):
-        async def get_runtime_class(self, name: str) -> Any:
-            client = self._clients()[0]
-            return await self._call(
-                client.call_api,
-                f"/apis/node.k8s.io/v1/runtimeclasses/{name}",
-                "GET",
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                response_types_map={},
-            )
-
     if api_server:
-        api = DoctorApi.from_url(api_server, token=token, ca_file=ca_file, timeout_s=timeout_s)
+        api = RestKubeApi.from_url(api_server, token=token, ca_file=ca_file, timeout_s=timeout_s)
     else:
-        api = DoctorApi.in_cluster(timeout_s=timeout_s)
+        api = RestKubeApi.in_cluster(timeout_s=timeout_s)
     facts = dataclasses.replace(base, api=api.host)
     async with api:
         try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
+from kubernetes_asyncio.client import NodeV1Api
+
 from agent.kubeapi.connection import PATCH_CONTENT_TYPES, ApiConnection, listing_of, selectors
 from agent.kubeapi.port import Listing, Obj, PatchKind, WatchEvent
 
@@ -161,3 +163,8 @@ class RestKubeApi(ApiConnection):
         return await self._call(
             self._resource().replace_namespaced_resource_claim_status, name, namespace, body
         )
+
+    # -- node.k8s.io/v1 (gpushare doctor) --------------------------------------------------
+
+    async def get_runtime_class(self, name: str) -> Obj:
+        return await self._call(NodeV1Api(self._clients()[0]).read_runtime_class, name)

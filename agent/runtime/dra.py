@@ -25,7 +25,7 @@ from agent.admission.policy import Rules
 from agent.config.dra import DraSettings
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease
-from agent.core.types import Decision, Device
+from agent.core.types import Device
 from agent.core.units import MIB, parse_bytes
 from agent.dra.cdi import (
     CdiDevice,
@@ -238,9 +238,8 @@ class ClaimDriver:
         write_spec(self._paths.cdi_dir, claim_uid, claim_spec(claim_uid, devices))
 
     def _cdi_device(self, share: Share, lease: Lease) -> CdiDevice:
-        result = self._node.admissions.result(Decision(True, lease.device_uuid), lease)
-        env = {**result.env, "NVIDIA_VISIBLE_DEVICES": lease.device_uuid}
-        mounts = [CdiMount(host, container) for host, container in result.mounts]
+        env, edits = self._node.container_edits(lease)
+        mounts = [CdiMount(host, container) for host, container in edits]
         if self._paths.shm_dir:
             mounts.append(CdiMount(self._paths.shm_dir, SHM_PATH))
         device = self._node.devices[lease.device_uuid]

@@ -122,10 +122,9 @@ class BindingAnswers:
             self._newest.pop(uid, None)
             return
         self._newest[uid] = str(metadata(claim).get("resourceVersion") or "")
-        if waiting:
-            task = asyncio.create_task(self._answer(claim), name=f"binding-{_key(claim)}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        task = asyncio.create_task(self._answer(claim), name=f"binding-{_key(claim)}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _answer(self, claim: Obj) -> None:
         uid = str(metadata(claim).get("uid") or "")

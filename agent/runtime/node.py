@@ -24,6 +24,7 @@ from agent.core.types import (
     AdmissionStats,
     AdmitResult,
     BatchResult,
+    Decision,
     Device,
     DeviceLedger,
     Event,
@@ -261,6 +262,13 @@ class NodeService:
 
     async def abort(self, gang_id: str, *, owner: str | None = None) -> list[Lease]:
         return await self.transitions.abort(gang_id, owner=owner)
+
+    def container_edits(self, lease: Lease) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+        """What a container given ``lease`` gets, whichever path hands it over (the device
+        plugin, NRI, a DRA claim's CDI spec): its client environment with the device it may
+        see, and its (host, container) mounts."""
+        result = self.admissions.result(Decision(True, lease.device_uuid), lease)
+        return {**result.env, "NVIDIA_VISIBLE_DEVICES": lease.device_uuid}, result.mounts
 
     def owner_of(self, lease_id: str) -> str:
         """The caller identity that made a lease the ledger knows, else ""."""

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from agent.config.kubelet import KubeletSettings
 from agent.core.errors import StateError
 from agent.core.lease import Lease, LeaseState, pod_uid_of
-from agent.core.types import Decision, Event
+from agent.core.types import Event
 from agent.kubelet.port import LEASE_ANNOTATION, AllocationRefused, ContainerAllocation, Mount
 from agent.nri.port import BindMount, Injection, InjectionRefused, PodRef
 from agent.runtime.allocations import KEPT, AllocationBook
@@ -223,9 +223,8 @@ class PodAllocator:
         )
 
     def _allocation(self, lease: Lease) -> ContainerAllocation:
-        result = self._node.admissions.result(Decision(True, lease.device_uuid), lease)
-        envs = {**result.env, "NVIDIA_VISIBLE_DEVICES": lease.device_uuid}
-        mounts = [Mount(container_path=c, host_path=h) for h, c in result.mounts]
+        envs, edits = self._node.container_edits(lease)
+        mounts = [Mount(container_path=c, host_path=h) for h, c in edits]
         if self._settings.shm_dir:
             mounts.append(Mount(container_path=SHM_PATH, host_path=self._settings.shm_dir))
         cdi = [f"nvidia.com/gpu={lease.device_uuid}"] if self._settings.cdi else []

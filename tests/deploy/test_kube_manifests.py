@@ -78,6 +78,8 @@ CALLS = {
     "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
     "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
+    # gpushare doctor's (run by hand, with the caller's own account)
+    "read_runtime_class": ("node.k8s.io", "runtimeclasses", "get"),
     # the DRA driver's (deploy/dra/rbac.yaml; tests/deploy/test_dra_manifests.py)
     "read_node": ("", "nodes", "get"),
     "list_resource_slice": ("resource.k8s.io", "resourceslices", "list"),

@@ -211,3 +211,19 @@ async def test_claims_of_other_drivers_nodes_or_without_conditions_are_left_alon
         await until(lambda: bool(conditions(api, "mine")))
     assert conditions(api, "other") == [] and conditions(api, "plain") == []
     assert driver.admitted == ["5e0e2d4c-1111-4222-8333-000000000000"]
+
+
+async def test_a_watch_whose_version_expired_lists_again_and_misses_no_claim(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    """410 Gone (the API server compacted its history): the answers list the claims again
+    and follow from there; a claim allocated meanwhile still gets its answer."""
+    driver = FakeDriver(full=set())
+    async with answering(kube, driver):
+        api.put_object("resourceclaims", claim("before", "gpu-0"))
+        await until(lambda: bool(conditions(api, "before")))
+        api.compact()
+        api.put_object("resourceclaims", claim("meanwhile", "gpu-1"))
+        api.end_watches()  # the watch comes back with a version the server forgot
+        await until(lambda: bool(conditions(api, "meanwhile")))
+    assert conditions(api, "meanwhile") == [("gpu-1", "gpushare.io/admitted", "Admitted")]

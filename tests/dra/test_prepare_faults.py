@@ -112,3 +112,34 @@ async def test_a_claim_prepared_again_gets_a_new_lease_and_a_reallocated_share_r
             while not await only_the_new_share():
                 await asyncio.sleep(0.1)
         assert (node.cdi_dir / f"gpushare.io-claim_{a['metadata']['uid']}.json").exists()
+
+
+async def test_a_prepare_the_kubelet_gave_up_on_ends_whole_and_is_answered_the_same(
+    root: Path,
+) -> None:
+    """The kubelet's deadline cancels the call mid-way: the agent's work runs to its end
+    (a lease admitted is in its claim's spec), and the kubelet's next Prepare gets that
+    lease, not a second one."""
+    async with dra_cluster(root, nodes=1) as cluster:
+        [node] = cluster.nodes.values()
+        await cluster.apply(claim_template("t", memory="4Gi"))
+        await cluster.apply(claim_pod("a", "t"))
+        await running(cluster, "a")
+        a = claim_of(cluster, "a")
+        uid = a["metadata"]["uid"]
+        assert await node.kubelet.unprepare([a]) == {uid: ""}
+        node.kubelet.call_timeout_s = 0.001  # gives up at once: the agent is cut off
+        cut = await node.kubelet.prepare([a])
+        assert isinstance(cut[uid], str)
+        node.kubelet.call_timeout_s = 45.0
+        spec = node.cdi_dir / f"gpushare.io-claim_{uid}.json"
+        await asyncio.sleep(1.0)  # what reached the agent has run to its end meanwhile
+        again = await node.kubelet.prepare([a])
+        assert not isinstance(again[uid], str)
+        [lease] = await node.leases()
+        assert (
+            json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"].count(
+                f"GPUSHARE_LEASE_ID={lease.lease_id}"
+            )
+            == 1
+        )
