@@ -220,6 +220,10 @@ def hostile_requests(count: int, seed: int) -> list[tuple[str, bytes]]:
             ),
             "Undrain": lambda: pb.DrainRequest(device_uuid=rng.choice(words)),
             "ClearStale": lambda: pb.ClearStaleRequest(dry_run=True),
+            "ReportProgress": lambda: pb.ReportProgressRequest(
+                lease_id=rng.choice(words), units_done=rng.choice(numbers)
+            ),
+            "RetrainEstimator": pb.RetrainEstimatorRequest,
             "GetNode": pb.GetNodeRequest,
             "Ping": pb.PingRequest,
         }[method]()

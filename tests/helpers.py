@@ -58,10 +58,14 @@ def fake_ports(gpus: int = 2) -> Ports:
 
 @contextlib.asynccontextmanager
 async def running_app(
-    settings: Settings, ports: Ports | None = None, *, clock: Callable[[], float] = time.time
+    settings: Settings,
+    ports: Ports | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[App]:
     """Run an App in this event loop until the block ends; fail if it does not come up."""
-    app = App(settings, ports=ports, clock=clock)
+    app = App(settings, ports=ports, clock=clock, monotonic=monotonic)
     task = asyncio.create_task(app.run(), name="app-under-test")
     ready = asyncio.create_task(app.ready.wait())
     await asyncio.wait([task, ready], timeout=10, return_when=asyncio.FIRST_COMPLETED)

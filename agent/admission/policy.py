@@ -48,7 +48,10 @@ class Rules:
 class RetentionGate(Protocol):
     """Predicts the retention of a request and of each lease on a device if it joined."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """What answers (a model, or the fallback rule), as the decisions name it."""
+        ...
 
     def __call__(self, view: DeviceView, request: AdmissionRequest) -> RetentionVerdict: ...
 

@@ -137,6 +137,13 @@ class AgentCollector(Collector):
         )
         mismatches.add_metric([], snapshot.lease_identity_mismatches_total)
         yield mismatches
+        records = CounterMetricFamily(
+            "gpushare_estimator_node_records",
+            "Run records the retention estimator learns from, made from the node's own "
+            "progress reports (ReportProgress) since the agent started.",
+        )
+        records.add_metric([], snapshot.estimator_node_records_total)
+        yield records
         degraded = GaugeMetricFamily(
             "gpushare_device_degraded",
             "1 while the w-window rule holds the device degraded (closed to new leases).",

@@ -263,3 +263,39 @@ class AgentService(pb_grpc.AgentServicer):
             return pb.ClearStaleResponse(actions=actions, dry_run=request.dry_run)
 
         return await answer(context, run)
+
+    async def ReportProgress(
+        self, request: pb.ReportProgressRequest, context: Context
+    ) -> pb.ReportProgressResponse:
+        owner = self._identify(context).owner
+
+        async def run() -> pb.ReportProgressResponse:
+            lease_id = validate.identifier(request.lease_id, "lease_id")
+            units = validate.units_done(request.units_done)
+            done = await self._node.report_progress(lease_id, units, owner=owner)
+            return pb.ReportProgressResponse(
+                lease_id=done.lease_id,
+                window_s=done.window_s,
+                rate_per_s=done.rate_per_s,
+                peers=done.peers,
+                records=done.records,
+            )
+
+        return await answer(context, run)
+
+    async def RetrainEstimator(
+        self, request: pb.RetrainEstimatorRequest, context: Context
+    ) -> pb.RetrainEstimatorResponse:
+        await self._admin_only(context, "RetrainEstimator")
+
+        async def run() -> pb.RetrainEstimatorResponse:
+            done = await self._node.retrain_estimator()
+            return pb.RetrainEstimatorResponse(
+                swapped=done.swapped,
+                reason=done.reason,
+                figures=done.figures,
+                node_records=done.node_records,
+                model_dir=done.model_dir,
+            )
+
+        return await answer(context, run)

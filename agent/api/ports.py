@@ -14,6 +14,8 @@ from agent.core.types import (
     Device,
     Event,
     NodeSnapshot,
+    ProgressAnswer,
+    RetrainAnswer,
 )
 
 
@@ -47,6 +49,16 @@ class NodeApi(Protocol):
     async def undrain(self, device_uuid: str | None) -> list[str]: ...
 
     async def clear_stale(self, *, dry_run: bool) -> list[str]: ...
+
+    async def report_progress(
+        self, lease_id: str, units_done: float, *, owner: str | None = None
+    ) -> ProgressAnswer:
+        """A workload's cumulative progress on a live lease (``owner``: None, any lease)."""
+        ...
+
+    async def retrain_estimator(self) -> RetrainAnswer:
+        """Retrain the retention model on the node's run records now (one at a time)."""
+        ...
 
 
 class EventFeed(Protocol):

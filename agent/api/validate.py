@@ -100,6 +100,13 @@ def fraction(value: float, field: str, low: float, high: float, *, low_open: boo
     return value
 
 
+def units_done(value: float, field: str = "units_done") -> float:
+    """A cumulative count of work units: finite and >= 0."""
+    if not math.isfinite(value) or value < 0:
+        raise ValidationError(field, f"must be a finite number >= 0 (got {value!r})")
+    return value
+
+
 def caller_request_id(value: str, field: str) -> str:
     """A caller's request id: an identifier outside the prefix the DRA driver keeps."""
     found = identifier(value, field)

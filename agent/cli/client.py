@@ -155,6 +155,24 @@ def get_node(where: Where, *, timeout_s: float = 5.0) -> pb.GetNodeResponse:
     return response
 
 
+def report_progress(
+    where: Where, lease_id: str, units_done: float, *, timeout_s: float = 5.0
+) -> pb.ReportProgressResponse:
+    request = pb.ReportProgressRequest(lease_id=lease_id, units_done=units_done)
+    response: pb.ReportProgressResponse = call(
+        where, "ReportProgress", request, timeout_s=timeout_s
+    )
+    return response
+
+
+def retrain_estimator(where: Where, *, timeout_s: float = 600.0) -> pb.RetrainEstimatorResponse:
+    """RetrainEstimator (admin: the Unix socket); training takes a while."""
+    response: pb.RetrainEstimatorResponse = call(
+        where, "RetrainEstimator", pb.RetrainEstimatorRequest(), timeout_s=timeout_s
+    )
+    return response
+
+
 def watch_events(where: Where, since_seq: int) -> Iterator[pb.Event]:
     metadata = _metadata(where)
     with _channel(where) as channel:

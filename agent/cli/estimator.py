@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 
@@ -38,25 +39,32 @@ def estimator() -> None:
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--generator",
-    type=click.Choice(["contention", "interference"]),
+    type=click.Choice(["contention", "interference", "shares"]),
     default="contention",
     show_default=True,
     help="contention: the simulated node's model; interference: a second one with other "
-    "physics and nvidia-smi counters only (to test on a world the model has not seen).",
+    "physics and nvidia-smi counters only (to test on a world the model has not seen); "
+    "shares: inference pairs under MPS at complementary thread shares, L2 and DRAM "
+    "counters at the share, no gpu_util.",
 )
 def synth(out: str, count: int, seed: int, generator: str) -> None:
     """Write synthetic run records."""
-    from agent.estimator import synthetic
+    from agent.estimator import shares, synthetic
     from agent.sim import synth
 
-    records = (synth.runs if generator == "contention" else synthetic.runs)(count, seed=seed)
+    make = {"contention": synth.runs, "interference": synthetic.runs, "shares": shares.runs}
+    records = make[generator](count, seed=seed)
     Path(out).write_text("".join(to_json(r) + "\n" for r in records))
     click.echo(f"wrote {len(records)} synthetic records ({generator}) to {out}")
 
 
-@estimator.command(cls=AllRequired)
-@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Model folder.")
+@estimator.command()
+@click.option(
+    "--data", default=None, type=click.Path(exists=True, dir_okay=False), help="Run records."
+)
+@click.option(
+    "--out", default=None, type=click.Path(file_okay=False), help="Model folder to write."
+)
 @click.option("--trees", default=100, show_default=True)
 @click.option(
     "--folds",
@@ -69,11 +77,63 @@ def synth(out: str, count: int, seed: int, generator: str) -> None:
     default=0.9,
     show_default=True,
     type=click.FloatRange(0.5, 0.99),
-    help="Stated coverage of retention_lower (the gate's; estimator.coverage overrides).",
+    help="Stated coverage of retention_lower (estimator.coverage overrides).",
+)
+@click.option(
+    "--precision",
+    "gate_precision",
+    default=0.95,
+    show_default=True,
+    type=click.FloatRange(0.8, 0.99),
+    help="The gate's precision to report (every level 0.80-0.99 is stored; "
+    "estimator.gate_precision picks the one the agent runs at).",
 )
 @click.option("--provenance", default="", help="Where the data came from (stored).")
-def train(data: str, out: str, trees: int, folds: int, coverage: float, provenance: str) -> None:
-    """Train a Random Forest; print grouped cross-validation next to the baselines."""
+@click.option(
+    "--from-node",
+    is_flag=True,
+    help="Ask the running agent to retrain on this node's own run records plus its base "
+    "records, and to swap the model in only if it beats the current one.",
+)
+@click.pass_context
+def train(
+    ctx: click.Context,
+    data: str | None,
+    out: str | None,
+    trees: int,
+    folds: int,
+    coverage: float,
+    gate_precision: float,
+    provenance: str,
+    from_node: bool,
+) -> None:
+    """Train on run records (--data, --out): grouped cross-validation of the forest and a
+    ridge line, the better one kept, the gate's operating point chosen, next to every
+    baseline that applies. With --from-node: retrain the running agent's model instead."""
+    if from_node:
+        if data or out:
+            _usage("--from-node trains on the node's records: it takes no --data or --out")
+        _train_from_node(ctx)
+        return
+    if not data or not out:
+        _usage("give --data and --out (or --from-node)")
+    _train_file(data, out, trees, folds, coverage, gate_precision, provenance)
+
+
+def _usage(message: str) -> NoReturn:
+    click.echo(f"gpushare estimator train: {message}", err=True)
+    sys.exit(exits.CONFIG)
+
+
+def _train_file(
+    data: str,
+    out: str,
+    trees: int,
+    folds: int,
+    coverage: float,
+    gate_precision: float,
+    provenance: str,
+) -> None:
     from agent.estimator.training import data_hash, save
     from agent.estimator.training import train as fit
 
@@ -81,7 +141,9 @@ def train(data: str, out: str, trees: int, folds: int, coverage: float, provenan
     how = f"{folds}-fold" if folds else "leave-one-family-out"
     click.echo(f"training on {len(records)} records, {how} cross-validation ...", err=True)
     try:
-        result = fit(records, folds=folds, trees=trees, coverage=coverage)
+        result = fit(
+            records, folds=folds, trees=trees, coverage=coverage, gate_precision=gate_precision
+        )
     except ValidationError as exc:
         click.echo(f"gpushare: {exc}", err=True)
         sys.exit(exits.CONFIG)
@@ -92,35 +154,81 @@ def train(data: str, out: str, trees: int, folds: int, coverage: float, provenan
         records=len(records),
         provenance=provenance or data,
     )
-    keys = ["mae", "rmse", "accuracy_at_0.8", "accuracy_at_0.9"]
-    click.echo(f"{'model':<15}" + "".join(f"{k:>16}" for k in keys))
-    for name in ("forest", "mean", "util_sum_rule"):
-        click.echo(f"{name:<15}" + "".join(f"{result.cv[name][k]:>16.4f}" for k in keys))
-    click.echo(f"{'gate @0.85':<15}{'precision':>16}{'recall':>16}")
-    for name in ("forest", "util_sum_rule", "util_sum_120", "forest_tree_q10"):
-        values = result.cv[name]
-        click.echo(
-            f"{name:<15}{values['gate_precision_at_0.85']:>16.4f}"
-            f"{values['gate_recall_at_0.85']:>16.4f}"
-        )
-    forest = result.cv["forest"]
-    click.echo(
-        f"retention_lower coverage: nominal {forest['coverage_nominal']:.2f}, achieved "
-        f"{forest['coverage_achieved']:.4f} on held-out families"
-    )
-    winning = result.calibration["levels_beating_rule"]
-    if result.selected != "forest":
-        click.echo(
-            "the forest's gate does not beat 'sum of solo gpu_util <= 120%' at floor 0.85 at "
-            "any coverage: the model answers with the utilisation-sum rule"
-        )
-    else:
-        click.echo(
-            f"at floor 0.85 the forest's gate beats 'sum of solo gpu_util <= 120%' on "
-            f"precision and recall at {len(winning)} of the 50 coverages from "
-            f"{winning[0]:.2f} to {winning[-1]:.2f}"
-        )
+    for line in training_summary(result.cv, result.constraint_checks):
+        click.echo(line)
     click.echo(f"model written to {out}")
+
+
+def training_summary(cv: dict[str, Any], checks: dict[str, Any]) -> list[str]:
+    """What ``train`` prints: the regressions against the mean, the gate at its operating
+    point against the baselines that apply, the coverage and the constraints kept."""
+    chosen = cv["selected"]
+    keys = ["mae", "rmse", "accuracy_at_0.8", "accuracy_at_0.9"]
+    lines = [f"{'estimate':<15}" + "".join(f"{k:>16}" for k in keys)]
+    for name in ("forest", "linear", "mean", "util_sum_rule"):
+        if name in cv:
+            lines.append(f"{name:<15}" + "".join(f"{cv[name][k]:>16.4f}" for k in keys))
+    folds = cv["folds"]
+    lines.append(
+        f"predicted_retention: the {chosen['regressor']}; MAE under the training mean's in "
+        f"{folds['beating_mean']:.0f} of {folds['count']:.0f} held-out folds (worst ratio "
+        f"{folds['worst_mae_ratio']:.2f})"
+    )
+    target = chosen["gate_precision_target"]
+    lines.append(f"{'gate @0.85':<24}{'precision':>12}{'recall':>12}   (at precision {target:.2f})")
+    lines.append(
+        f"{'model, grouped CV':<24}{chosen['gate_cv_precision_at_0.85']:>12.4f}"
+        f"{chosen['gate_cv_recall_at_0.85']:>12.4f}"
+    )
+    lines.append(
+        f"{'model, held-out families':<24}{chosen['gate_heldout_precision_at_0.85']:>12.4f}"
+        f"{chosen['gate_heldout_recall_at_0.85']:>12.4f}"
+    )
+    for name in ("util_sum_best", "util_sum_120", "admit_all"):
+        if name in cv:
+            values = cv[name]
+            lines.append(
+                f"{name:<24}{values['gate_precision_at_0.85']:>12.4f}"
+                f"{values['gate_recall_at_0.85']:>12.4f}"
+            )
+    if "util_sum_best" not in cv:
+        lines.append("(no utilisation-sum baseline: the records carry no gpu_util)")
+    if chosen["gate_heldout_precision_at_0.85"] < target - 1e-9:
+        lines.append(
+            f"warning: at floor 0.85 no threshold kept precision {target:.2f} on held-out "
+            "families; the gate runs at the one that came closest and will admit little "
+            "(more families, or counters that tell them apart, would help)"
+        )
+    lines.append(
+        f"retention_lower coverage: nominal {chosen['coverage_nominal']:.2f}, achieved "
+        f"{chosen['coverage_achieved']:.4f} on held-out families"
+    )
+    dropped = sorted(k for k, v in checks.items() if isinstance(v, dict) and not v["kept"])
+    if checks:
+        lines.append(
+            "monotonic constraints: "
+            + (f"dropped {', '.join(dropped)} (cost accuracy)" if dropped else "all kept")
+        )
+    return lines
+
+
+def _train_from_node(ctx: click.Context) -> None:
+    from agent.cli.client import retrain_estimator
+    from agent.cli.common import agent_where, guarded
+
+    where = agent_where(ctx)
+    click.echo(
+        "retraining on this node's run records and its base records (a minute or more) ...",
+        err=True,
+    )
+    answer = guarded(lambda: retrain_estimator(where))
+    click.echo(f"node records: {answer.node_records}")
+    for name, value in sorted(answer.figures.items()):
+        click.echo(f"  {name}: {int(value) if value.is_integer() else round(value, 4)}")
+    verdict = "swapped in: " if answer.swapped else "kept the current model: "
+    click.echo(verdict + answer.reason)
+    if answer.model_dir:
+        click.echo(f"model: {answer.model_dir}")
 
 
 COVERAGE = click.option(
@@ -131,21 +239,14 @@ COVERAGE = click.option(
 )
 
 
-@estimator.command(cls=AllRequired)
-@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
-@COVERAGE
-def predict(model_dir: str, data: str, coverage: float | None) -> None:
-    """Print the records back as JSON Lines, each with predicted_retention,
-    retention_lower (the conservative estimate the admission gate uses) and its coverage."""
-    _lines, records = _read(data, need_retention=False)
-    model = _load(model_dir, coverage)
-    mean, lower = model.predict(records)
-    extra = {} if model.coverage is None else {"retention_coverage": model.coverage}
-    for record, m, low in zip(records, mean, lower, strict=True):
-        click.echo(
-            to_json(record, predicted_retention=round(m, 6), retention_lower=round(low, 6), **extra)
-        )
+PRECISION = click.option(
+    "--precision",
+    "gate_precision",
+    type=click.FloatRange(0.8, 0.99),
+    default=None,
+    help="The gate's precision (default: the one the model was trained for, as "
+    "estimator.gate_precision sets it in the agent).",
+)
 
 
 @estimator.command(cls=AllRequired)
@@ -153,21 +254,71 @@ def predict(model_dir: str, data: str, coverage: float | None) -> None:
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
 @COVERAGE
 @click.option(
+    "--floor",
+    default=0.85,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="The retention floor p_keep and gate_admit are for.",
+)
+@PRECISION
+def predict(
+    model_dir: str, data: str, coverage: float | None, floor: float, gate_precision: float | None
+) -> None:
+    """Print the records back as JSON Lines, each with predicted_retention (the
+    regression's estimate), retention_lower (the explained conservative estimate) and its
+    coverage, p_keep (P(retention >= --floor)) and gate_admit (what the admission gate would
+    decide for a workload with that floor)."""
+    _lines, records = _read(data, need_retention=False)
+    model = _load(model_dir, coverage)
+    precision = gate_precision or float(model.metadata.get("gate", {}).get("precision", 0.95))
+    if not records:
+        return
+    found = model.estimate(records)
+    p_keep, admit = model.gate_admits(records, floor, precision)
+    extra: dict[str, Any] = {} if model.coverage is None else {"retention_coverage": model.coverage}
+    for at, record in enumerate(records):
+        click.echo(
+            to_json(
+                record,
+                predicted_retention=round(float(found.mean[at]), 6),
+                retention_lower=round(float(found.lower[at]), 6),
+                **extra,
+                p_keep=round(float(p_keep[at]), 6),
+                gate_admit=bool(admit[at]),
+            )
+        )
+
+
+@estimator.command(cls=AllRequired)
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
+@COVERAGE
+@PRECISION
+@click.option(
     "--report",
     type=click.Path(file_okay=False),
     default=None,
-    help="Also write plots (PNG) and summary.md into this folder (needs matplotlib).",
+    help="Also write plots (PNG) and summary.md into this folder (needs matplotlib): "
+    "calibration, predicted against true, the gate's precision/recall curve per floor with "
+    "its operating point, and the model's learned-on-node history.",
 )
-def evaluate(model_dir: str, data: str, coverage: float | None, report: str | None) -> None:
-    """Metrics of a model on labelled records, as JSON: MAE, RMSE, decision accuracy, the
-    gate's precision and recall at floors 0.8, 0.85 and 0.9, the coverage of retention_lower
-    (nominal and achieved) and the utilisation-sum baselines."""
+def evaluate(
+    model_dir: str,
+    data: str,
+    coverage: float | None,
+    gate_precision: float | None,
+    report: str | None,
+) -> None:
+    """Metrics of a model on labelled records, as JSON: MAE, RMSE, decision accuracy; the
+    gate at its operating point (precision, recall, threshold) at floors 0.8, 0.85 and 0.9
+    with the precision it kept on held-out families in training; the retention_lower gate
+    and its coverage (nominal and achieved); and every baseline that applies."""
     from agent.estimator.report import evaluate as run
     from agent.estimator.report import write
 
     _lines, records = _read(data, need_retention=True)
     model = _load(model_dir, coverage)
-    result = run(model, records)
+    result = run(model, records, gate_precision)
     if report is not None:
         try:
             written = write(Path(report), result, model, Path(data).name)

@@ -14,6 +14,7 @@ from agent.cli.client import (
     Where,
     call,
     get_node,
+    report_progress,
 )
 from agent.cli.common import agent_where, guarded
 from agent.cli.devices import DeviceNameError, resolve_device
@@ -242,6 +243,27 @@ def release(ctx: click.Context, lease_id: str) -> None:
     )
     lease = answer.lease
     click.echo(f"lease {lease.lease_id} {lease.state}" + (f" ({lease.pod})" if lease.pod else ""))
+
+
+@click.command()
+@click.argument("lease_id", metavar="LEASE")
+@click.argument("units_done", metavar="UNITS", type=float)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_context
+def report(ctx: click.Context, lease_id: str, units_done: float, as_json: bool) -> None:
+    """Report LEASE's progress: UNITS of work done since its workload started (steps,
+    samples, tokens: one unit for the lease's whole life; it never goes down). The agent
+    times each report; the rates it measures alone and next to other leases become the run
+    records the retention estimator learns from. Prints what it measured so far."""
+    answer = guarded(lambda: report_progress(agent_where(ctx), lease_id, units_done))
+    if as_json:
+        click.echo(to_json(message_dict(answer)))
+        return
+    rate = f"{answer.rate_per_s:.4g} units/s" if answer.rate_per_s else "no rate yet"
+    click.echo(
+        f"lease {answer.lease_id}: {units_done:g} units; window {answer.window_s:.1f} s, "
+        f"{rate}, {answer.peers} peer(s), {answer.records} run record(s)"
+    )
 
 
 @click.command("clear-stale")

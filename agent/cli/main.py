@@ -337,6 +337,7 @@ def _register_subgroups() -> None:
         leases.explain,
         size_command,
         leases.release,
+        leases.report,
         leases.drain,
         leases.undrain,
         events,

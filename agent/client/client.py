@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Priority = pb.Priority
 RETRIED = (grpc.StatusCode.UNAVAILABLE,)
+RETRAIN_TIMEOUT_S = 600.0  # a retrain trains a forest: minutes on a small node
 
 
 def tls_credentials(
@@ -135,11 +136,14 @@ class AgentClient:
         token = self._token() if callable(self._token) else self._token
         return (("authorization", f"Bearer {token}"),) if token else ()
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
+    async def _call(
+        self, method: Callable[..., Awaitable[T]], request: Any, *, timeout_s: float | None = None
+    ) -> T:
         delay = self._backoff_s
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         for attempt in range(1, self._attempts + 1):
             try:
-                return await method(request, timeout=self._timeout_s, metadata=self._metadata())
+                return await method(request, timeout=timeout_s, metadata=self._metadata())
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRIED or attempt == self._attempts:
                     raise
@@ -181,6 +185,20 @@ class AgentClient:
 
     async def release(self, lease_id: str) -> pb.ReleaseResponse:
         return await self._call(self.stub.Release, pb.ReleaseRequest(lease_id=lease_id))
+
+    async def report_progress(self, lease_id: str, units_done: float) -> pb.ReportProgressResponse:
+        """The work units ``lease_id``'s workload has done since it started (cumulative,
+        never going down); the agent times the report itself."""
+        request = pb.ReportProgressRequest(lease_id=lease_id, units_done=units_done)
+        return await self._call(self.stub.ReportProgress, request)
+
+    async def retrain_estimator(
+        self, *, timeout_s: float = RETRAIN_TIMEOUT_S
+    ) -> pb.RetrainEstimatorResponse:
+        """Retrain the retention model on the node's run records now (admin: the agent's
+        Unix socket). Training takes a while: the call waits up to ``timeout_s``."""
+        request = pb.RetrainEstimatorRequest()
+        return await self._call(self.stub.RetrainEstimator, request, timeout_s=timeout_s)
 
     async def get_node(self, *, ledger_only: bool = False) -> pb.GetNodeResponse:
         """The node (``ledger_only``: only devices, leases and ledger; cheaper)."""

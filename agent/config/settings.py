@@ -264,6 +264,39 @@ class EstimatorSettings:
         min=0.5,
         max=0.99,
     )
+    gate_precision: float = _setting(
+        0.95,
+        "Precision the retention gate is run at: of the co-locations it admits, the share "
+        "that keep their floor. The gate admits when P(retention >= floor) reaches the "
+        "threshold chosen for this precision in the model's grouped cross-validation (a "
+        "model stores thresholds from 0.80 to 0.99).",
+        min=0.8,
+        max=0.99,
+    )
+    base_data: str = _setting(
+        "default",
+        "Run records (JSON Lines) the node's own records are added to when the estimator "
+        "learns on the node. 'default': the synthetic records the shipped model was trained "
+        "on; 'none': the node's records only.",
+    )
+    retrain_interval_s: float = _setting(
+        0.0,
+        "Seconds between retrains of the retention model on the node's own run records (and "
+        "base_data); the new model replaces the current one only when it beats it. 0: off "
+        "(`gpushare estimator train --from-node` retrains on demand).",
+        min=0.0,
+    )
+    retrain_min_records: int = _setting(
+        30,
+        "Node run records needed before a retrain is tried.",
+        min=1,
+    )
+    progress_window_s: float = _setting(
+        10.0,
+        "Shortest span of progress reports (ReportProgress) a co-location window must "
+        "cover to become a run record.",
+        min=0.05,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -333,6 +333,28 @@ class AdmissionStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressAnswer:
+    """What the agent measured of a lease's progress so far (ReportProgress's answer)."""
+
+    lease_id: str
+    window_s: float = 0.0  # the span of its reports in its current window
+    rate_per_s: float = 0.0  # units a second over that span; 0 while it is too short
+    peers: int = 0  # the other leases on its device in the current window
+    records: int = 0  # run records made from its windows so far
+
+
+@dataclass(frozen=True, slots=True)
+class RetrainAnswer:
+    """One attempt to retrain the retention model on the node's run records."""
+
+    swapped: bool
+    reason: str
+    node_records: int
+    figures: Mapping[str, float] = field(default_factory=dict)
+    model_dir: str = ""  # the model swapped in; "" when kept
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """The node as the API and the metrics see it at one instant."""
 
@@ -359,3 +381,5 @@ class NodeSnapshot:
     degraded_devices: tuple[str, ...] = ()
     # processes whose GPUSHARE_LEASE_ID named a lease their cgroup contradicts (security)
     lease_identity_mismatches_total: int = 0
+    # run records made from the node's own progress reports since the agent started
+    estimator_node_records_total: int = 0

@@ -1,11 +1,18 @@
 """Scoring retention predictions and gates, and the baselines they are judged against. Pure.
 
-Two baselines, both from the set's solo ``gpu_util`` (nvidia-smi utilisation):
+A baseline applies only where the records carry what it reads. From the set's solo
+``gpu_util`` (nvidia-smi utilisation), when every workload of every record has it:
 
 - ``util_sum_rule``: a prediction, ``min(1, 100 / sum)``; as a gate it admits at a floor
   when that prediction meets it;
 - ``util_sum_120``: a gate alone, the one-line rule "share when the solo utilisations add up
-  to at most 120%", the same at every floor.
+  to at most 120%", the same at every floor;
+- ``util_sum_best``: the same rule at its best limit for each floor and precision: the
+  recall of "sum <= T" with T chosen, on the very records it is scored on, as the highest
+  limit that still reaches the precision (a generous baseline).
+
+Always: ``admit_all`` (the training mean's gate: every set admitted, precision the share
+that keeps the floor).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from agent.estimator.records import Record, Workload
+from agent.estimator.records import Record, Workload, counters_at_share
 
 FLOORS = (0.8, 0.9)
 GATE_FLOORS = (0.8, 0.85, 0.9)
@@ -24,8 +31,14 @@ UTIL_SUM_LIMIT = 120.0
 
 
 def util_sum(record: Record) -> float:
-    return record.target.counters.get("gpu_util", 0.0) + sum(
-        p.counters.get("gpu_util", 0.0) for p in record.peers
+    return sum(counters_at_share(w).get("gpu_util", 0.0) for w in (record.target, *record.peers))
+
+
+def util_rule_applies(records: Sequence[Record]) -> bool:
+    """The utilisation-sum rules read solo ``gpu_util``: they apply only when every workload
+    of every record carries it."""
+    return bool(records) and all(
+        "gpu_util" in counters_at_share(w) for r in records for w in (r.target, *r.peers)
     )
 
 
@@ -83,23 +96,37 @@ def fixed_gate(truth: npt.ArrayLike, admitted: npt.ArrayLike) -> dict[str, float
     return result
 
 
-def baselines(records: Sequence[Record], truth: npt.ArrayLike) -> dict[str, dict[str, float]]:
-    """The two utilisation-sum baselines on labelled records."""
+def baselines(
+    records: Sequence[Record], truth: npt.ArrayLike, precision: float = 0.95
+) -> dict[str, dict[str, float]]:
+    """The applicable baselines on labelled records (see the module's docstring)."""
+    t = np.asarray(truth, dtype=np.float64)
+    result = {"admit_all": fixed_gate(t, np.ones(t.shape, dtype=bool))}
+    if not util_rule_applies(records):
+        return result
     sums = np.asarray([util_sum(r) for r in records])
     rule = np.asarray([rule_of_sum(s) for s in sums])
-    return {
-        "util_sum_rule": {**scores(truth, rule), **gate(truth, rule)},
-        "util_sum_120": fixed_gate(truth, sums <= UTIL_SUM_LIMIT),
-    }
+    result["util_sum_rule"] = {**scores(t, rule), **gate(t, rule)}
+    result["util_sum_120"] = fixed_gate(t, sums <= UTIL_SUM_LIMIT)
+    result["util_sum_best"] = best_limit(t, sums, precision)
+    return result
 
 
-def beats(forest: dict[str, float], rule: dict[str, float], floor: float = 0.85) -> bool:
-    """The forest's gate is at least as precise and admits at least as many good sets."""
-    key = f"_at_{floor}"
-    return (
-        forest[f"gate_precision{key}"] >= rule[f"gate_precision{key}"]
-        and forest[f"gate_recall{key}"] >= rule[f"gate_recall{key}"]
-    )
+def best_limit(
+    truth: npt.NDArray[np.float64], sums: npt.ArrayLike, precision: float
+) -> dict[str, float]:
+    """Precision, recall and limit of "sum <= T" at each of ``GATE_FLOORS``, T the highest
+    limit that reaches ``precision`` on these records (none: nothing admitted)."""
+    from agent.estimator.operating import threshold_for
+
+    negated = -np.asarray(sums, dtype=np.float64)
+    result = {}
+    for floor in GATE_FLOORS:
+        threshold, reached, recall = threshold_for(negated, truth >= floor, precision)
+        result[f"gate_precision_at_{floor}"] = reached
+        result[f"gate_recall_at_{floor}"] = recall
+        result[f"limit_at_{floor}"] = -threshold if threshold is not None else 0.0
+    return result
 
 
 def gate_curve(

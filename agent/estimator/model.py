@@ -1,11 +1,18 @@
-"""A trained retention model as the agent uses it: compiled forest + metadata, no sklearn.
+"""A trained retention model as the agent uses it: compiled regression + metadata, no
+scikit-learn.
 
-Its conservative estimate (``retention_lower``) is the calibrated one of
-``agent.estimator.calibration`` at the model's coverage (``with_coverage`` picks another
-stored level, as the setting ``estimator.coverage`` does); a version 1 model without a
-calibration falls back to the 10% quantile of its trees. A model whose forest did not beat
-the utilisation-sum rule in cross-validation (``selected: util_sum_rule``) answers with the
-rule for both numbers.
+Per record it gives ``predicted_retention`` (the regression's estimate: the forest's mean,
+or the ridge line's), the explained conservative ``retention_lower`` (calibrated at the
+model's coverage; ``with_coverage`` picks another stored level, as the setting
+``estimator.coverage`` does) and, at a floor, ``p_keep`` = P(retention >= floor) from the
+model's predictive distribution; the gate admits when ``p_keep`` reaches the threshold the
+model stores for that floor and the gate's precision (``threshold``).
+
+Older models still load: a version 1 model without a calibration falls back to the 10%
+quantile of its trees for ``retention_lower``; a model without a stored operating point
+(schema 2) gates on ``retention_lower >= floor`` as it did, and says so. A schema 2 model
+that chose the utilisation-sum rule (``selected: util_sum_rule``) answers with its forest
+anyway: a rule never stands in for the estimate.
 """
 
 from __future__ import annotations
@@ -14,36 +21,58 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from agent.core.errors import ValidationError
 from agent.estimator import calibration as cal
+from agent.estimator import operating
 from agent.estimator.compiled import CompiledForest
-from agent.estimator.evaluation import util_sum_rule, util_sum_rule_set
 from agent.estimator.features import READABLE_FEATURE_VERSIONS, features, set_features
+from agent.estimator.linear import LinearModel
 from agent.estimator.records import Record, Workload
 
 # Built by `python -m agent.sim.default_model` from synthetic data; see its model.json.
 DEFAULT_MODEL_DIR = Path(__file__).with_name("default_model")
 ROW_CACHE_SIZE = 8192
+FloatArray = npt.NDArray[np.float64]
+
+
+class Regressor(Protocol):
+    def predict_with_spread(self, x: npt.ArrayLike) -> tuple[FloatArray, FloatArray]: ...
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Per row: the estimate, the regression's own doubt (the trees' spread; 0 for a line)
+    and the conservative estimate."""
+
+    mean: FloatArray
+    spread: FloatArray
+    lower: FloatArray
 
 
 @dataclass(frozen=True)
 class RetentionModel:
-    forest: CompiledForest
+    regressor: Regressor
     names: list[str]
     metadata: dict[str, Any]
-    _rows: dict[bytes, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
+    _rows: dict[bytes, tuple[float, float, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def load(cls, directory: Path) -> RetentionModel:
         try:
             metadata = json.loads((directory / "model.json").read_text())
-            forest = CompiledForest.load(directory / "forest.npz")
-        except (OSError, ValueError, KeyError) as exc:
+            regressor: Regressor
+            if metadata.get("regressor") == "linear":
+                regressor = LinearModel.from_json(metadata["linear"])
+            else:
+                regressor = CompiledForest.load(directory / "forest.npz")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValidationError("model", f"cannot load a model from {directory}: {exc}") from exc
         if metadata.get("feature_version") not in READABLE_FEATURE_VERSIONS:
             raise ValidationError(
@@ -52,7 +81,15 @@ class RetentionModel:
                 f"{metadata.get('feature_version')}, this agent reads "
                 f"{', '.join(map(str, READABLE_FEATURE_VERSIONS))}: retrain it",
             )
-        return cls(forest, list(metadata["features"]), metadata)
+        return cls(regressor, list(metadata["features"]), metadata)
+
+    @property
+    def forest(self) -> Regressor:
+        return self.regressor
+
+    @property
+    def kind(self) -> str:
+        return str(self.metadata.get("regressor", "forest"))
 
     @property
     def coverage(self) -> float | None:
@@ -61,8 +98,8 @@ class RetentionModel:
         return float(calibration["coverage"]) if calibration else None
 
     @property
-    def uses_rule(self) -> bool:
-        return self.metadata.get("selected") == "util_sum_rule"
+    def has_operating_point(self) -> bool:
+        return bool(self.metadata.get("gate")) and bool(self.metadata.get("predictive"))
 
     def with_coverage(self, coverage: float) -> RetentionModel:
         """This model with its lower estimate at another coverage (from its stored levels)."""
@@ -80,25 +117,78 @@ class RetentionModel:
         """Mean and conservative retention for each record, in one batch."""
         if not records:
             return [], []
-        if self.uses_rule:
-            rule = [util_sum_rule(r) for r in records]
-            return rule, list(rule)
-        x = np.asarray([features(r, self.names) for r in records], dtype=np.float64)
-        mean, lower = self.predict_rows(x)
-        return [float(v) for v in mean], [float(v) for v in lower]
+        found = self.estimate(records)
+        return [float(v) for v in found.mean], [float(v) for v in found.lower]
 
-    def predict_rows(
-        self, x: npt.ArrayLike
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """Mean and conservative retention for feature rows."""
+    def estimate(self, records: Sequence[Record]) -> Estimates:
+        x = np.asarray([features(r, self.names) for r in records], dtype=np.float64)
+        return self.estimate_rows(x)
+
+    def estimate_rows(self, x: npt.ArrayLike) -> Estimates:
         calibration = self.metadata.get("calibration")
+        if not calibration and isinstance(self.regressor, CompiledForest):
+            quantile = float(self.metadata.get("lower_quantile", 0.1))
+            mean, lower = self.regressor.predict_with_lower(x, quantile=quantile)
+            return Estimates(mean, self.regressor.predict_with_spread(x)[1], lower)
+        mean, spread = self.regressor.predict_with_spread(x)
         if not calibration:
-            return self.forest.predict_with_lower(
-                x, quantile=float(self.metadata.get("lower_quantile", 0.1))
-            )
-        mean, spread = self.forest.predict_with_spread(x)
+            return Estimates(mean, spread, mean)
         q = cal.q_at(calibration, float(calibration["coverage"]))
-        return mean, cal.lower(mean, spread, q, float(calibration["eps"]), calibration["edges"])
+        lower = cal.lower(mean, spread, q, float(calibration["eps"]), calibration["edges"])
+        return Estimates(mean, spread, lower)
+
+    def predict_rows(self, x: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:
+        """Mean and conservative retention for feature rows."""
+        found = self.estimate_rows(x)
+        return found.mean, found.lower
+
+    def p_keep(
+        self, mean: npt.ArrayLike, spread: npt.ArrayLike, floor: npt.ArrayLike
+    ) -> FloatArray:
+        """P(retention >= floor) for estimates (``floor``: one, or one per row); a model
+        without a predictive distribution answers 1 where ``mean`` meets the floor, else 0."""
+        predictive = self.metadata.get("predictive")
+        if not predictive:
+            result: FloatArray = (
+                np.asarray(mean, dtype=np.float64) >= np.asarray(floor, dtype=np.float64)
+            ).astype(np.float64)
+            return result
+        return operating.p_keep(mean, spread, floor, predictive["q"], float(predictive["eps"]))
+
+    def threshold(self, floor: float, precision: float) -> float | None:
+        """The least ``p_keep`` the gate admits at this floor and precision (None: it admits
+        nothing there)."""
+        gate = self.metadata.get("gate")
+        if not gate:
+            return 0.5
+        return operating.threshold_at(gate, floor, precision)
+
+    def gate_admits(
+        self, records: Sequence[Record], floor: float, precision: float
+    ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+        """``p_keep`` at ``floor`` and the gate's decision, for each record."""
+        found = self.estimate(records)
+        if not self.has_operating_point:
+            p = (found.lower >= floor).astype(np.float64)
+            return p, p >= 0.5
+        p = self.p_keep(found.mean, found.spread, floor)
+        return p, operating.admitted(p, self.threshold(floor, precision))
+
+    def estimate_set(
+        self, gpu_model: str, gpu_memory_bytes: int, workloads: Sequence[Workload]
+    ) -> Estimates:
+        """``estimate`` for every workload of a set next to all the others on one device."""
+        x = set_features(gpu_model, gpu_memory_bytes, workloads, self.names)
+        keys = [row.tobytes() for row in x]
+        answers = [self._rows.get(key) for key in keys]
+        missing = [at for at, answer in enumerate(answers) if answer is None]
+        if missing:
+            found = self.estimate_rows(x[missing])
+            for at, m, s, low in zip(missing, found.mean, found.spread, found.lower, strict=True):
+                answers[at] = (float(m), float(s), float(low))
+                self._remember(keys[at], (float(m), float(s), float(low)))
+        known = np.asarray([a for a in answers if a is not None], dtype=np.float64)
+        return Estimates(known[:, 0], known[:, 1], known[:, 2])
 
     def predict_set(
         self, gpu_model: str, gpu_memory_bytes: int, workloads: Sequence[Workload]
@@ -106,22 +196,10 @@ class RetentionModel:
         """``predict`` for every workload of a set next to all the others on one device."""
         if not workloads:
             return [], []
-        if self.uses_rule:
-            rule = util_sum_rule_set(workloads)
-            return [rule] * len(workloads), [rule] * len(workloads)
-        x = set_features(gpu_model, gpu_memory_bytes, workloads, self.names)
-        keys = [row.tobytes() for row in x]
-        answers = [self._rows.get(key) for key in keys]
-        missing = [at for at, answer in enumerate(answers) if answer is None]
-        if missing:
-            mean, lower = self.predict_rows(x[missing])
-            for at, m, low in zip(missing, mean, lower, strict=True):
-                answers[at] = (float(m), float(low))
-                self._remember(keys[at], (float(m), float(low)))
-        known = [a for a in answers if a is not None]
-        return [a[0] for a in known], [a[1] for a in known]
+        found = self.estimate_set(gpu_model, gpu_memory_bytes, workloads)
+        return [float(v) for v in found.mean], [float(v) for v in found.lower]
 
-    def _remember(self, key: bytes, answer: tuple[float, float]) -> None:
+    def _remember(self, key: bytes, answer: tuple[float, float, float]) -> None:
         # A feature row's prediction never changes: the same sets recur on a device at
         # every admission attempt, so recent rows are kept (bounded, oldest out first).
         self._rows[key] = answer

@@ -5,6 +5,8 @@ retention floor and priority. ``profiles/*.yaml``, one profile a file:
     name: resnet50-train
     gpu_model: V100-SXM2-16GB      # where the counters were measured
     counters: {sm_active: 0.82, dram_active: 0.45, gpu_util: 95, mem_util: 45}
+    share_counters:                # optional: measured alone at MPS thread shares
+      50: {sm_active: 0.48, dram_active: 0.31}
     memory: 6GiB                   # default memory limit
     thread_pct: 50                 # default active-thread percentage
     retention_floor: 0.8           # protect it: keep at least 80% of its solo speed
@@ -31,6 +33,7 @@ KEYS = {
     "name",
     "gpu_model",
     "counters",
+    "share_counters",
     "memory",
     "thread_pct",
     "retention_floor",
@@ -43,6 +46,7 @@ class Profile:
     name: str
     gpu_model: str
     counters: dict[str, float] = field(default_factory=dict)
+    share_counters: dict[float, dict[str, float]] = field(default_factory=dict)
     memory_bytes: int = 0
     thread_pct: float = 100.0
     retention_floor: float | None = None
@@ -65,6 +69,7 @@ def parse_profile(text: str, source: str) -> Profile:
         name=_text(body, "name", source),
         gpu_model=_text(body, "gpu_model", source),
         counters=_counters(body.get("counters"), source),
+        share_counters=_shares(body.get("share_counters", {}), source),
         memory_bytes=_memory(body.get("memory", "0"), source),
         thread_pct=_number(body.get("thread_pct", 100), f"{source}: thread_pct", 0.0, 100.0),
         retention_floor=(
@@ -110,6 +115,18 @@ def _counters(value: Any, source: str) -> dict[str, float]:
     if not isinstance(value, dict) or not value:
         raise ValidationError(f"{source}: counters", "required: the workload's solo counters")
     return {str(k): _number(v, f"{source}: counters.{k}", 0.0, 1e15) for k, v in value.items()}
+
+
+def _shares(value: Any, source: str) -> dict[float, dict[str, float]]:
+    if not isinstance(value, dict):
+        raise ValidationError(
+            f"{source}: share_counters", "must map thread percentages to counters"
+        )
+    shares = {}
+    for key, counters in value.items():
+        pct = _number(key, f"{source}: share_counters.{key}", 1.0, 100.0)
+        shares[pct] = _counters(counters, f"{source}: share_counters.{key}")
+    return shares
 
 
 def _memory(value: Any, source: str) -> int:

@@ -30,6 +30,19 @@ class Workload:
     memory_bytes: int
     counters: Mapping[str, float] = field(default_factory=dict)
     family: str = ""  # the workload's family (model architecture); derived from its name if ""
+    # Counters measured alone at other thread percentages (MPS shares): {pct: counters}.
+    share_counters: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
+
+
+def counters_at_share(workload: Workload) -> Mapping[str, float]:
+    """The workload's counters at its own thread percentage: those measured at that share
+    (``share_counters``: the exact share, else the nearest one measured) when it has any,
+    else its ``counters``."""
+    shares = workload.share_counters
+    if not shares:
+        return workload.counters
+    nearest = min(shares, key=lambda pct: (abs(pct - workload.thread_pct), -pct))
+    return {**workload.counters, **shares[nearest]}
 
 
 # A batch-size suffix: "resnet50-bs32", "bert_b16", "ResNet-50 (batch size 128)".
@@ -102,7 +115,22 @@ def _workload(value: Any, where: str) -> Workload:
         memory_bytes=int(_number(body.get("memory_bytes", 0), f"{where}.memory_bytes", low=0)),
         counters=_counters(body.get("counters", {}), f"{where}.counters"),
         family=_family(body.get("family"), f"{where}.family"),
+        share_counters=_shares(body.get("share_counters", {}), f"{where}.share_counters"),
     )
+
+
+def _shares(value: Any, where: str) -> dict[float, dict[str, float]]:
+    body = _mapping(value, where)
+    shares = {}
+    for key, counters in body.items():
+        try:
+            pct = float(key)
+        except ValueError:
+            raise ValidationError(f"{where}.{key}", "must be a thread percentage") from None
+        if not math.isfinite(pct) or not 0.0 < pct <= 100.0:
+            raise ValidationError(f"{where}.{key}", "must be a thread percentage in (0, 100]")
+        shares[pct] = _counters(counters, f"{where}.{key}")
+    return shares
 
 
 def _family(value: Any, where: str) -> str:
@@ -149,6 +177,8 @@ def to_json(record: Record, **extra: float) -> str:
             "memory_bytes": w.memory_bytes,
             "counters": dict(w.counters),
         }
+        if w.share_counters:
+            body["share_counters"] = {f"{k:g}": dict(v) for k, v in w.share_counters.items()}
         return {**body, "family": w.family} if w.family else body
 
     document: dict[str, Any] = {

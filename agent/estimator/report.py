@@ -1,15 +1,17 @@
 """``gpushare estimator evaluate``: a model on labelled records, as figures and a report.
 
 ``evaluate`` is pure numpy: the metrics (JSON) and the curves a person reads (nominal
-against achieved coverage, predicted against true retention, the gate's precision and
-recall against the floor next to the utilisation-sum baselines). ``write`` draws them with
-matplotlib (imported only here, only when a report is asked for) as PNG files and a Markdown
-summary.
+against achieved coverage, predicted against true retention, and for each gate floor the
+precision/recall curve of the threshold on P(retention >= floor) with the model's operating
+point marked, next to every baseline that applies). ``write`` draws them with matplotlib
+(imported only here, only when a report is asked for) as PNG files and a Markdown summary,
+with the model's learned-on-node history when it has one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,70 +19,99 @@ import numpy as np
 
 from agent.core.errors import ValidationError
 from agent.estimator import calibration as cal
+from agent.estimator import operating
 from agent.estimator.evaluation import (
-    UTIL_SUM_LIMIT,
+    GATE_FLOORS,
     baselines,
     gate,
-    gate_curve,
-    rule_of_sum,
+    precision_recall,
     scores,
+    util_rule_applies,
     util_sum,
 )
-from agent.estimator.features import features
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record
 
-CURVE_FLOORS = tuple(round(0.5 + 0.025 * i, 3) for i in range(19))  # 0.5 .. 0.95
 PLOTS = ("calibration.png", "predicted_vs_true.png", "gate.png")
+CURVE_THRESHOLDS = tuple(round(0.01 * i, 2) for i in range(101))
 
 
-def evaluate(model: RetentionModel, records: Sequence[Record]) -> dict[str, Any]:
+def evaluate(
+    model: RetentionModel, records: Sequence[Record], precision: float | None = None
+) -> dict[str, Any]:
+    """Metrics and curves of ``model`` on ``records``; the gate at ``precision`` (default:
+    the one the model was trained for)."""
+    precision = precision or float(model.metadata.get("gate", {}).get("precision", 0.95))
     truth = np.asarray([r.retention or 0.0 for r in records], dtype=np.float64)
-    mean_list, lower_list = model.predict(records)
-    mean, lower = np.asarray(mean_list), np.asarray(lower_list)
+    found = model.estimate(records)
     metrics: dict[str, Any] = {
         "records": len(records),
-        **scores(truth, mean),
-        **gate(truth, lower),
-        "estimator": "util_sum_rule" if model.uses_rule else "forest",
+        **scores(truth, found.mean),
+        "estimator": model.kind,
+        "gate_precision_target": precision,
+        **_gate_at_operating_point(model, records, truth, precision),
+        "lower": gate(truth, found.lower),
     }
-    curves: dict[str, Any] = {"truth": truth, "mean": mean, "lower": lower}
+    curves: dict[str, Any] = {"truth": truth, "mean": found.mean, "lower": found.lower}
     calibration = model.metadata.get("calibration")
-    if calibration and not model.uses_rule:
-        x = np.asarray([features(r, model.names) for r in records], dtype=np.float64)
-        m, spread = model.forest.predict_with_spread(x)
+    if calibration:
         achieved = [
-            float(
-                np.mean(
-                    truth
-                    >= cal.lower(
-                        m,
-                        spread,
-                        cal.q_at(calibration, c),
-                        calibration["eps"],
-                        calibration["edges"],
-                    )
-                )
-            )
-            for c in calibration["levels"]
+            float(np.mean(truth >= _lower_at(found, calibration, c))) for c in calibration["levels"]
         ]
         metrics["coverage_nominal"] = model.coverage
-        metrics["coverage_achieved"] = float(np.mean(truth >= lower))
+        metrics["coverage_achieved"] = float(np.mean(truth >= found.lower))
         curves["nominal"], curves["achieved"] = list(calibration["levels"]), achieved
-    sums = np.asarray([util_sum(r) for r in records])
-    rule = np.asarray([rule_of_sum(s) for s in sums])
-    metrics["baselines"] = baselines(records, truth)
-    curves["gate"] = {
-        "model": gate_curve(truth, lower, CURVE_FLOORS),
-        "util_sum_rule": gate_curve(truth, rule, CURVE_FLOORS),
-        f"sum <= {UTIL_SUM_LIMIT:.0f}%": _fixed_curve(truth, sums <= UTIL_SUM_LIMIT),
-    }
+    metrics["baselines"] = baselines(records, truth, precision)
+    curves["gate"] = _gate_curves(model, records, found, truth, precision)
     return {"metrics": metrics, "curves": curves}
 
 
-def _fixed_curve(truth: Any, admitted: Any) -> tuple[list[float], list[float]]:
-    lower = np.where(admitted, np.inf, -np.inf)
-    return gate_curve(truth, lower, CURVE_FLOORS)
+def _lower_at(found: Any, calibration: dict[str, Any], coverage: float) -> Any:
+    q = cal.q_at(calibration, coverage)
+    return cal.lower(found.mean, found.spread, q, calibration["eps"], calibration["edges"])
+
+
+def _gate_at_operating_point(
+    model: RetentionModel, records: Sequence[Record], truth: Any, precision: float
+) -> dict[str, Any]:
+    """The gate's precision and recall here at each floor, and what it promised: its
+    precision on held-out families in the model's own cross-validation."""
+    result: dict[str, Any] = {}
+    stored = model.metadata.get("gate")
+    for floor in GATE_FLOORS:
+        _p, admitted = model.gate_admits(records, floor, precision)
+        got_precision, got_recall = precision_recall(truth, admitted, floor)
+        result[f"gate_precision_at_{floor}"] = got_precision
+        result[f"gate_recall_at_{floor}"] = got_recall
+        if stored:
+            result[f"gate_threshold_at_{floor}"] = model.threshold(floor, precision)
+            result[f"cv_heldout_precision_at_{floor}"] = operating.at(
+                stored, "heldout_precision", floor, precision
+            )
+    return result
+
+
+def _gate_curves(
+    model: RetentionModel, records: Sequence[Record], found: Any, truth: Any, precision: float
+) -> dict[str, Any]:
+    """Per floor: the model's precision and recall at every threshold on P(keep), its
+    operating point, and the sum rule's curve over its limit where it applies."""
+    curves: dict[str, Any] = {}
+    sums = np.asarray([util_sum(r) for r in records]) if util_rule_applies(records) else None
+    for floor in GATE_FLOORS:
+        p = model.p_keep(found.mean, found.spread, floor)
+        points = [precision_recall(truth, p >= t, floor) for t in CURVE_THRESHOLDS]
+        _p, admitted = model.gate_admits(records, floor, precision)
+        entry: dict[str, Any] = {
+            "model": ([a for a, _b in points], [b for _a, b in points]),
+            "operating_point": precision_recall(truth, admitted, floor),
+        }
+        if sums is not None:
+            limits = np.linspace(0.0, 300.0, 121)
+            rule = [precision_recall(truth, sums <= limit, floor) for limit in limits]
+            entry["util_sum"] = ([a for a, _b in rule], [b for _a, b in rule])
+        curves[str(floor)] = entry
+    return curves
 
 
 def write(out: Path, result: dict[str, Any], model: RetentionModel, data_name: str) -> list[Path]:
@@ -113,16 +144,26 @@ def write(out: Path, result: dict[str, Any], model: RetentionModel, data_name: s
     ax.plot([0, 1], [0, 1], color="grey", lw=1)
     _finish(ax, "true retention", "predicted retention", "Predicted against true")
     paths.append(_save(fig, out / PLOTS[1], plt))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(7.5, 3.4), dpi=80)
-    for name, (precision, recall) in curves["gate"].items():
-        left.plot(CURVE_FLOORS, precision, label=name)
-        right.plot(CURVE_FLOORS, recall, label=name)
-    _finish(left, "floor", "precision", "Gate precision")
-    _finish(right, "floor", "recall", "Gate recall")
-    paths.append(_save(fig, out / PLOTS[2], plt))
+    paths.append(_save(_gate_figure(plt, curves["gate"]), out / PLOTS[2], plt))
     summary = out / "summary.md"
     summary.write_text(markdown(metrics, model, data_name))
     return [*paths, summary]
+
+
+def _gate_figure(plt: Any, gates: dict[str, Any]) -> Any:
+    """One panel per floor: precision against recall as the threshold moves, the model's
+    operating point marked, the sum rule's curve beside it where it applies."""
+    fig, axes = plt.subplots(1, len(gates), figsize=(3.4 * len(gates), 3.4), dpi=80)
+    for ax, (floor, entry) in zip(np.atleast_1d(axes), gates.items(), strict=True):
+        precision, recall = entry["model"]
+        ax.plot(recall, precision, label="P(keep) threshold")
+        if "util_sum" in entry:
+            rule_precision, rule_recall = entry["util_sum"]
+            ax.plot(rule_recall, rule_precision, label="sum of gpu_util <= T", ls="--")
+        at_precision, at_recall = entry["operating_point"]
+        ax.scatter([at_recall], [at_precision], color="red", zorder=3, label="operating point")
+        _finish(ax, "recall", "precision", f"Gate at floor {floor}")
+    return fig
 
 
 def _finish(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
@@ -158,20 +199,59 @@ def markdown(metrics: dict[str, Any], model: RetentionModel, data_name: str) -> 
             + _cv_coverage(meta)
             + ". ![calibration](calibration.png)",
         ]
-    lines += ["", "| gate | floor | precision | recall |", "|---|---|---|---|"]
-    rows = [("model", metrics), *metrics["baselines"].items()]
-    for floor in (0.8, 0.85, 0.9):
+    lines += [
+        "",
+        f"The gate at precision {metrics['gate_precision_target']:.2f} (its operating point "
+        "on P(retention >= floor)), next to the baselines that apply here:",
+        "",
+        "| gate | floor | precision | recall |",
+        "|---|---|---|---|",
+    ]
+    rows = [
+        ("model", metrics),
+        ("model, retention_lower >= floor", metrics["lower"]),
+        *metrics["baselines"].items(),
+    ]
+    for floor in GATE_FLOORS:
         for name, values in rows:
-            lines.append(
-                f"| {name} | {floor} | {values[f'gate_precision_at_{floor}']:.3f} "
-                f"| {values[f'gate_recall_at_{floor}']:.3f} |"
-            )
+            if f"gate_precision_at_{floor}" in values:
+                lines.append(
+                    f"| {name} | {floor} | {values[f'gate_precision_at_{floor}']:.3f} "
+                    f"| {values[f'gate_recall_at_{floor}']:.3f} |"
+                )
     lines += ["", "![gate](gate.png) ![predicted against true](predicted_vs_true.png)", ""]
+    lines += history_lines(meta)
     return "\n".join(lines)
 
 
+def history_lines(meta: dict[str, Any]) -> list[str]:
+    """The model's learned-on-node history (each retrain tried on its node), if any."""
+    history = meta.get("learning", {}).get("history", [])
+    if not history:
+        return []
+    lines = [
+        "## Learned on the node",
+        "",
+        "| when | node records | families | swapped | current MAE | candidate MAE | reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in history:
+        figures = entry.get("figures", {})
+        at = entry.get("at", "?")
+        if isinstance(at, int | float):
+            at = datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        lines.append(
+            f"| {at} | {entry.get('node_records', '?')} "
+            f"| {entry.get('families', '?')} | {'yes' if entry.get('swapped') else 'no'} "
+            f"| {figures.get('current_mae', float('nan')):.4f} "
+            f"| {figures.get('candidate_mae', float('nan')):.4f} | {entry.get('reason', '')} |"
+        )
+    return [*lines, ""]
+
+
 def _cv_coverage(meta: dict[str, Any]) -> str:
-    forest = meta.get("cross_validation", {}).get("forest", {})
-    if "coverage_achieved" not in forest:
+    cv = meta.get("cross_validation", {})
+    chosen = cv.get("selected", cv.get("forest", {}))
+    if "coverage_achieved" not in chosen:
         return ""
-    return f", {forest['coverage_achieved']:.3f} in the training's grouped cross-validation"
+    return f", {chosen['coverage_achieved']:.3f} in the training's grouped cross-validation"

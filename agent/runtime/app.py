@@ -31,6 +31,7 @@ from agent.runtime import checks, drastart, effective, kubelet, listeners, signa
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
+from agent.runtime.learner import NodeLearning, adopt_learned, start_learning
 from agent.runtime.lock import InstanceLock
 from agent.runtime.memory import tune_gc
 from agent.runtime.node import NodeService
@@ -62,6 +63,7 @@ class App:
         *,
         ports: Ports | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         tune_memory: bool = False,
     ) -> None:
         checks.check_settings(settings)
@@ -75,11 +77,15 @@ class App:
         self.rules = admission_rules(settings)
         self.sizes = standard_sizes(settings)
         self.gate = retention_gate(settings)
+        # a model learned on this node (RetrainEstimator) replaces estimator.model_dir
+        self.learned = adopt_learned(self.gate, settings.paths.state_dir)
         self.readiness = readiness_predictor(settings)
         self.clock = clock
+        self.monotonic = monotonic  # progress reports are timed by it
         self.devices: list[Device] = []
         self.node: NodeService | None = None
         self.control: ControlLoops | None = None
+        self.learning: NodeLearning | None = None
         self.device_plugin: kubelet.KubeletPlugins | None = None
         self.dra: drastart.DraDriver | None = None
         self.sampler: Sampler | None = None
@@ -113,7 +119,10 @@ class App:
 
     def _grpc_servers(self, settings: Settings) -> list[GrpcServer]:
         self.facade = facade = NodeFacade(
-            self.snapshot, lambda: self.node, lambda: self.control.janitor if self.control else None
+            self.snapshot,
+            lambda: self.node,
+            lambda: self.control.janitor if self.control else None,
+            lambda: self.learning,
         )
         api = settings.api
 
@@ -213,7 +222,9 @@ class App:
             await self.http.start()
         for server in self.servers:
             await server.start()
-        self._follow_secret_files()
+        listeners.follow_secret_files(
+            self.settings.api, self.servers, self.supervisor, self._secret_stamps
+        )
         self._started = True
         if self._tune_memory:
             tune_gc()
@@ -287,6 +298,7 @@ class App:
         )
         self.control.spawn(self.supervisor)
         connect_sim_counters(self.telemetry, self.node, self.gate)
+        self.learning = await start_learning(self)
 
     def _gpu_event(
         self, kind: str, message: str, device_uuid: str | None, attrs: Mapping[str, str]
@@ -326,6 +338,10 @@ class App:
         await plan.step("close GPU backend", self.ports.gpu.aclose())
         if self.store.writable():
             await plan.step("write the last events", self.events.flush_at_stop())
+            if self.learning is not None:
+                await plan.step(
+                    "write the last run records", self.learning.recorder.flush_at_stop()
+                )
         await plan.step("close the state store", self.store.aclose())
         await asyncio.to_thread(reap_children, timeout_s=max(plan.remaining(), 0.5), keep=kept)
         if plan.overran:
@@ -369,18 +385,6 @@ class App:
             self.sampler.errors_total,
             up=self.sampler.up,
         )
-
-    def _follow_secret_files(self) -> None:
-        api = self.settings.api
-        paths = listeners.secret_files(api)
-        if paths and api.tcp_listen and api.secrets_check_s > 0:
-            watch = filewatch.reload_on_change(
-                paths,
-                api.secrets_check_s,
-                listeners.reload_changed(self.servers),
-                seen=self._secret_stamps,
-            )
-            self.supervisor.spawn("secret-files", watch)
 
     def _on_reload(self) -> None:
         log.info("received SIGHUP: reloading the token and certificates")

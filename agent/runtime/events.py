@@ -32,6 +32,9 @@ class EventLog:
         # Called with each observation as it happens (before it is written): the janitor's
         # fault handling must not wait for a store that may be failing.
         self.listeners: list[Callable[[Event], None]] = []
+        # Called with each published batch (durable, numbered, in order), after the ring
+        # and the watchers have it: what follows the facts (the run-record tracker).
+        self.on_publish: list[Callable[[Sequence[Event]], None]] = []
         self._capacity = capacity
         self._ring: list[Event] = []  # dense: _ring[i].seq == _ring[0].seq + i
         self._last_seq = 0
@@ -112,6 +115,11 @@ class EventLog:
             del self._ring[: len(self._ring) - self._capacity]
         self._changed.set()  # watchers wake once per batch
         self._changed = asyncio.Event()
+        for hook in self.on_publish:
+            try:
+                hook(events)
+            except Exception:  # a follower's bug must not stop the facts being told
+                log.exception("a follower of the published events failed")
 
     def _keep(self, events: list[Event]) -> None:
         self._unwritten.extend(events)

@@ -6,8 +6,17 @@ from collections.abc import Callable, Sequence
 
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease
-from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, Device, NodeSnapshot
+from agent.core.types import (
+    AdmissionRequest,
+    AdmitResult,
+    BatchResult,
+    Device,
+    NodeSnapshot,
+    ProgressAnswer,
+    RetrainAnswer,
+)
 from agent.runtime.janitor import Janitor
+from agent.runtime.learner import NodeLearning
 from agent.runtime.node import NodeService
 
 
@@ -19,10 +28,12 @@ class NodeFacade:
         snapshot: Callable[..., NodeSnapshot],  # App.snapshot
         service: Callable[[], NodeService | None],
         janitor: Callable[[], Janitor | None] = lambda: None,
+        learning: Callable[[], NodeLearning | None] = lambda: None,
     ) -> None:
         self._snapshot = snapshot
         self._service = service
         self._janitor = janitor
+        self._learning = learning
         self.closing: str | None = None  # why new leases are refused (a draining stop)
 
     def snapshot(self, *, ledger_only: bool = False) -> NodeSnapshot:
@@ -82,3 +93,18 @@ class NodeFacade:
         if janitor is None:
             return await self._node.clear_stale(dry_run=dry_run)
         return await janitor.pass_once(dry_run=dry_run)
+
+    @property
+    def _loop(self) -> NodeLearning:
+        learning = self._learning()
+        if learning is None:
+            raise GpushareError("the agent is still starting")
+        return learning
+
+    async def report_progress(
+        self, lease_id: str, units_done: float, *, owner: str | None = None
+    ) -> ProgressAnswer:
+        return self._loop.recorder.report(lease_id, units_done, owner=owner)
+
+    async def retrain_estimator(self) -> RetrainAnswer:
+        return await self._loop.learner.retrain()

@@ -2,14 +2,17 @@
 the retention of the request and of every lease already there with the request added, and
 admit only if each prediction meets that workload's floor.
 
-With a model, the prediction is the forest's conservative estimate (``retention_lower``):
-refusing a good placement costs less than admitting one that breaks a floor. It is
-calibrated: the true retention is at or above it for a stated share of co-locations (the
-model's coverage, or ``coverage`` here: the setting ``estimator.coverage``), and the answer
-names that coverage. Without one,
-the fallback is the utilisation-sum rule: the set keeps ``min(1, 100 / sum of gpu_util)``,
-and every answer says which was used. A workload's counters are those sent with the request,
-else its profile's; without either it is modelled as keeping 80% of its thread share busy.
+With a model, each protected workload (one with a floor) is admitted when P(retention >=
+its floor) reaches the model's threshold for that floor at the gate's precision (the
+setting ``estimator.gate_precision``): of the sets admitted so, that share keep their floors
+in the model's grouped cross-validation. The numbers shown (Explain, estimates) are the
+explained conservative ``retention_lower`` at the model's coverage (``estimator.coverage``).
+A model from before operating points gates on ``retention_lower >= floor`` and says so.
+Without a model the fallback is the utilisation-sum rule: the set keeps
+``min(1, 100 / sum of gpu_util)``, and every answer says which was used. A workload's
+counters are those sent with the request, else its profile's (at its thread share, where
+the profile measured one); without either it is modelled as keeping 80% of its thread
+share busy.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from agent.admission.policy import DeviceView
 from agent.core.lease import Lease
 from agent.core.types import AdmissionRequest, RetentionVerdict
 from agent.estimator.features import busy_shares
-from agent.estimator.model import RetentionModel
+from agent.estimator.model import Estimates, RetentionModel
+from agent.estimator.operating import DEFAULT_PRECISION
 from agent.estimator.profiles import Profile
 from agent.estimator.records import Workload
 
@@ -35,8 +39,15 @@ def _workload(
     profiles: Mapping[str, Profile],
     inline: Mapping[str, float],
 ) -> Workload:
+    known = profiles.get(profile or "")
+    shares = known.share_counters if known is not None and not inline else {}
     return Workload(
-        name, thread_pct, memory_bytes, solo_counters(profile, thread_pct, profiles, inline)
+        name,
+        thread_pct,
+        memory_bytes,
+        solo_counters(profile, thread_pct, profiles, inline),
+        "",
+        shares,
     )
 
 
@@ -62,16 +73,34 @@ def solo_counters(
     }
 
 
-def _model_name(model: RetentionModel) -> str:
+def _model_name(model: RetentionModel, precision: float) -> str:
     name = (
         f"model {model.metadata.get('data_sha256', '?')[:12]} "
         f"({model.metadata.get('provenance', 'unknown data')})"
     )
-    if model.uses_rule:
-        return f"{name}: utilisation-sum rule (its forest did not beat it)"
-    if model.coverage is not None:
-        return f"{name}, lower estimate at {model.coverage:.0%} coverage"
-    return name
+    lower = f"lower estimate at {model.coverage:.0%} coverage" if model.coverage else ""
+    if not model.has_operating_point:
+        return f"{name}, gate on the {lower or 'lower estimate'} (no operating point: retrain it)"
+    return f"{name}, gate on P(retention >= floor) at precision {precision:.2f}, {lower}"
+
+
+class _Shared:
+    """What a gate and its explaining twin share, so a model swap reaches both at once."""
+
+    def __init__(
+        self, model: RetentionModel | None, coverage: float | None, precision: float
+    ) -> None:
+        self.coverage, self.precision = coverage, precision
+        self.model: RetentionModel | None = None
+        self.name = FALLBACK
+        self.use(model)
+
+    def use(self, model: RetentionModel | None) -> None:
+        if model is not None and self.coverage is not None and model.coverage is not None:
+            model = model.with_coverage(self.coverage)
+        # one assignment each, read together by the event loop's single thread
+        self.model = model
+        self.name = FALLBACK if model is None else _model_name(model, self.precision)
 
 
 class ProfileGate:
@@ -86,13 +115,29 @@ class ProfileGate:
         *,
         always_predict: bool = False,
         coverage: float | None = None,
+        gate_precision: float = DEFAULT_PRECISION,
+        shared: _Shared | None = None,
     ) -> None:
-        if model is not None and coverage is not None and model.coverage is not None:
-            model = model.with_coverage(coverage)
-        self.model = model
+        self._shared = shared or _Shared(model, coverage, gate_precision)
         self.profiles = profiles
         self.always_predict = always_predict
-        self.name = FALLBACK if model is None else _model_name(model)
+
+    @property
+    def model(self) -> RetentionModel | None:
+        return self._shared.model
+
+    @property
+    def name(self) -> str:
+        return self._shared.name
+
+    @property
+    def precision(self) -> float:
+        return self._shared.precision
+
+    def use_model(self, model: RetentionModel) -> None:
+        """Swap the model (a retrain on the node): admission and Explain use it from the
+        next decision on."""
+        self._shared.use(model)
 
     def floor_of(self, profile: str | None, stated: float | None) -> float | None:
         if stated:
@@ -101,7 +146,7 @@ class ProfileGate:
         return known.retention_floor if known is not None else None
 
     def explaining(self) -> ProfileGate:
-        return ProfileGate(self.model, self.profiles, always_predict=True)
+        return ProfileGate(None, self.profiles, always_predict=True, shared=self._shared)
 
     def _no_floor(self, view: DeviceView, request: AdmissionRequest) -> bool:
         if self.floor_of(request.profile, request.retention_floor) is not None:
@@ -130,6 +175,46 @@ class ProfileGate:
                     self.floor_of(lease.profile, lease.retention_floor),
                 )
             )
+        model = self.model
+        if model is None:
+            return self._rule_verdict(view, members)
+        found = model.estimate_set(
+            view.device.model, view.device.memory_bytes, [m[1] for m in members]
+        )
+        named = {
+            name: round(float(value), 4)
+            for (name, _w, _f), value in zip(members, found.lower, strict=True)
+        }
+        for at, (name, _w, floor) in enumerate(members):
+            if floor is None:
+                continue
+            refusal = self._refusal(model, found, at, floor)
+            if refusal:
+                who = "the candidate" if name == "candidate" else f"lease {name}"
+                return RetentionVerdict(False, named, f"{who} {refusal} ({self.name})")
+        return RetentionVerdict(True, named, self.name)
+
+    def _refusal(self, model: RetentionModel, found: Estimates, at: int, floor: float) -> str:
+        """Why member ``at`` breaks the gate at ``floor``; "" when it passes."""
+        mean, lower = float(found.mean[at]), float(found.lower[at])
+        if not model.has_operating_point:
+            if lower >= floor:
+                return ""
+            return f"would keep {lower:.2f} of its solo speed, under its floor {floor:.2f}"
+        p = float(model.p_keep(found.mean[at : at + 1], found.spread[at : at + 1], floor)[0])
+        threshold = model.threshold(floor, self.precision)
+        if threshold is not None and p >= threshold:
+            return ""
+        needed = "no chance is enough" if threshold is None else f"the gate needs {threshold:.2f}"
+        return (
+            f"would keep {mean:.2f} of its solo speed (at least {lower:.2f}); "
+            f"P(keeping its floor {floor:.2f}) = {p:.2f}, {needed} at precision "
+            f"{self.precision:.2f}"
+        )
+
+    def _rule_verdict(
+        self, view: DeviceView, members: list[tuple[str, Workload, float | None]]
+    ) -> RetentionVerdict:
         predictions = self._predict(view, [m[1] for m in members])
         named = {
             name: round(value, 4)
@@ -180,6 +265,7 @@ class ProfileGate:
         return {lease.lease_id: round(v, 4) for lease, v in zip(view.leases, values, strict=False)}
 
     def _predict(self, view: DeviceView, workloads: list[Workload]) -> list[float]:
+        """Each workload's conservative retention (the rule's, without a model)."""
         if self.model is None:
             total = sum(w.counters.get("gpu_util", 0.0) for w in workloads)
             return [1.0 if total <= 100.0 else 100.0 / total] * len(workloads)

@@ -10,7 +10,10 @@ from agent.api.auth import ReloadableTls, TlsFiles, TokenHolder
 from agent.api.grpc_server import AgentService
 from agent.api.identity import Identify, TcpIdentify, observers_of
 from agent.api.server import GrpcServer
+from agent.config import filewatch
+from agent.config.filewatch import Stamp
 from agent.config.settings import ApiSettings
+from agent.runtime.tasks import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +59,19 @@ def reload_changed(servers: Sequence[GrpcServer]) -> Callable[[], bool]:
         return not reload_secrets(servers)
 
     return reload
+
+
+def follow_secret_files(
+    api: ApiSettings,
+    servers: Sequence[GrpcServer],
+    supervisor: Supervisor,
+    seen: tuple[Stamp | None, ...],
+) -> None:
+    """With a TCP listener: reload as SIGHUP does when a token or certificate file changes
+    from ``seen`` on (a supervised task, every ``api.secrets_check_s``)."""
+    paths = secret_files(api)
+    if paths and api.tcp_listen and api.secrets_check_s > 0:
+        watch = filewatch.reload_on_change(
+            paths, api.secrets_check_s, reload_changed(servers), seen=seen
+        )
+        supervisor.spawn("secret-files", watch)

@@ -1,11 +1,14 @@
 """``gpushare profile``: measure workloads alone and in pairs under MPS, write run records.
 
 For one device: start its MPS control daemon, run each workload alone (full threads) while
-sampling the device's counters, then every pair at every given thread percentage. A
-workload's throughput is read from its own output with a regular expression (the mean of
-every match after a warm-up); retention = throughput in the pair / throughput alone. Each
-pair gives two records in the estimator's format, the solo counters being each workload's
-own window means.
+sampling the device's counters, then alone at each given thread percentage under 100 (its
+counters at that share: MPS shares bound the SMs a client may use, and what it then keeps
+busy is not a fixed fraction of its full-device counters), then every pair at every given
+thread percentage. A workload's throughput is read from its own output with a regular
+expression (the mean of every match after a warm-up); retention = throughput in the pair /
+throughput alone at full threads. Each pair gives two records in the estimator's format,
+the solo counters being each workload's own window means, ``share_counters`` its window
+means at each share.
 """
 
 from __future__ import annotations
@@ -106,15 +109,21 @@ class Profiler:
         self, specs: Sequence[WorkloadSpec], thread_pcts: Sequence[float]
     ) -> list[Record]:
         solo = {}
+        shares: dict[str, dict[float, dict[str, float]]] = {}
         for spec in specs:
             log.info("profiling %s alone", spec.name)
             (solo[spec.name],) = await self._measure([(spec, 100.0)])
+            shares[spec.name] = {}
+            for pct in sorted({p for p in thread_pcts if p < 100.0}):
+                log.info("profiling %s alone at %g%% of the threads", spec.name, pct)
+                (at_share,) = await self._measure([(spec, pct)])
+                shares[spec.name][pct] = at_share.counters
         records = []
         for a, b in itertools.combinations(specs, 2):
             for pct_a, pct_b in itertools.product(thread_pcts, repeat=2):
                 log.info("profiling %s (%g%%) with %s (%g%%)", a.name, pct_a, b.name, pct_b)
                 pair = await self._measure([(a, pct_a), (b, pct_b)])
-                records += self._records([(a, pct_a), (b, pct_b)], pair, solo)
+                records += self._records([(a, pct_a), (b, pct_b)], pair, solo, shares)
         return records
 
     def _records(
@@ -122,9 +131,11 @@ class Profiler:
         members: Sequence[tuple[WorkloadSpec, float]],
         pair: list[Measured],
         solo: Mapping[str, Measured],
+        shares: Mapping[str, Mapping[float, Mapping[str, float]]],
     ) -> list[Record]:
         workloads = [
-            Workload(s.name, pct, s.memory_bytes, solo[s.name].counters) for s, pct in members
+            Workload(s.name, pct, s.memory_bytes, solo[s.name].counters, "", shares.get(s.name, {}))
+            for s, pct in members
         ]
         device_counters = pair[0].counters
         records = []

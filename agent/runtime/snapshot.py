@@ -72,6 +72,9 @@ def take(app: App, *, ledger_only: bool = False) -> NodeSnapshot:
         lease_identity_mismatches_total=(
             control.janitor.attributor.mismatches_total if control else 0
         ),
+        estimator_node_records_total=(
+            app.learning.recorder.records_total if app.learning is not None else 0
+        ),
     )
 
 

@@ -211,7 +211,7 @@ def retention_gate(settings: Settings) -> ProfileGate:
             "estimator.model_dir" if "model" in str(exc.field) else "estimator.profiles_dir",
             str(exc),
         ) from exc
-    return ProfileGate(model, profiles, coverage=e.coverage)
+    return ProfileGate(model, profiles, coverage=e.coverage, gate_precision=e.gate_precision)
 
 
 def readiness_predictor(settings: Settings) -> ReadinessPredictor | None:

@@ -146,6 +146,16 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX allocations_by_lease ON allocations (lease_id);
     CREATE INDEX allocations_by_units ON allocations (units);
     """,
+    # 10: the node's own run records for the retention estimator, one JSON line each (see
+    # agent.estimator.records.to_json), with the target's family and when it was made
+    """
+    CREATE TABLE run_records (
+        seq INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        family TEXT NOT NULL,
+        record TEXT NOT NULL
+    );
+    """,
 )
 
 

@@ -47,6 +47,18 @@ class AllocationRecord(NamedTuple):
     pod: str = ""  # "<namespace>/<name>", once known
 
 
+class RunRecordRow(NamedTuple):
+    """One run record of the node's own workloads, as stored: when it was made, the family
+    of its target workload, and the record as one JSON line (the retention estimator's)."""
+
+    at: float
+    family: str
+    record: str
+
+
+RUN_RECORDS_KEPT = 20_000  # the newest run records kept; older ones are deleted as new come
+
+
 @dataclass(slots=True)
 class WriteBatch:
     """One caller's part of a group commit.
@@ -138,6 +150,18 @@ class StateStore(Protocol):
     async def prune(self, *, now: float, retention: Retention) -> Pruned:
         """Delete what the retention no longer keeps (never a live lease or its id)."""
         ...
+
+    async def add_run_records(
+        self, rows: Sequence[RunRecordRow], *, keep: int = RUN_RECORDS_KEPT
+    ) -> None:
+        """Store run records durably, keeping only the newest ``keep`` (one transaction)."""
+        ...
+
+    async def run_records(self, *, limit: int = RUN_RECORDS_KEPT) -> list[RunRecordRow]:
+        """The newest ``limit`` run records, oldest first (read in pages)."""
+        ...
+
+    async def run_record_count(self) -> int: ...
 
     async def heartbeat(self, *, at: float) -> None:
         """A tiny durable write: proves (or disproves) that the store can write."""

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from agent.core.errors import StateError
 from agent.core.lease import Lease
 from agent.core.types import Event, HistoryRow
-from agent.state.port import AllocationRecord, RequestRecord
+from agent.state.port import AllocationRecord, RequestRecord, RunRecordRow
 from agent.state.rows import (
     ALLOCATION_COLUMNS,
     EVENT_COLUMNS,
@@ -166,3 +166,31 @@ class SqliteReader:
     async def drained(self) -> dict[str, str]:
         rows = await self.query("SELECT device_uuid, reason FROM drained", ())
         return {str(r[0]): str(r[1]) for r in rows}
+
+    async def run_records(self, *, limit: int) -> list[RunRecordRow]:
+        """The newest ``limit`` run records, oldest first, a page at a time."""
+        rows: list[RunRecordRow] = []
+        last = await self._first_run_record(limit) - 1
+        while len(rows) < limit:
+            page = await self.query(
+                "SELECT seq, at, family, record FROM run_records WHERE seq > ? ORDER BY seq "
+                "LIMIT ?",
+                (last, min(MAX_PAGE, limit - len(rows))),
+            )
+            rows.extend(RunRecordRow(float(r[1]), str(r[2]), str(r[3])) for r in page)
+            if not page:
+                return rows
+            last = int(page[-1][0])
+        return rows
+
+    async def _first_run_record(self, limit: int) -> int:
+        """The seq of the oldest of the newest ``limit`` run records (0 when none)."""
+        found = await self.query(
+            "SELECT MIN(seq) FROM (SELECT seq FROM run_records ORDER BY seq DESC LIMIT ?)",
+            (limit,),
+        )
+        return int(found[0][0] or 0)
+
+    async def run_record_count(self) -> int:
+        rows = await self.query("SELECT COUNT(*) FROM run_records", ())
+        return int(rows[0][0])

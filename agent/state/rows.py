@@ -51,6 +51,11 @@ REQUEST_COLUMNS = "tenant, request_id, fingerprint, canonical, lease_id, at"
 REQUEST_INSERT = f"INSERT OR REPLACE INTO requests ({REQUEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
 ALLOCATION_COLUMNS = "kind, at, lease_id, units, pod"
 ALLOCATION_INSERT = f"INSERT INTO allocations ({ALLOCATION_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+RUN_RECORD_INSERT = "INSERT INTO run_records (at, family, record) VALUES (?, ?, ?)"
+RUN_RECORD_TRIM = (  # all but the newest ?
+    "DELETE FROM run_records WHERE seq IN (SELECT seq FROM run_records ORDER BY seq DESC "
+    "LIMIT -1 OFFSET ?)"
+)
 LIVE_STATES = tuple(s.value for s in LeaseState if s.holds_capacity)
 ENDED_STATES = tuple(s.value for s in LeaseState if not s.holds_capacity)
 

@@ -30,11 +30,13 @@ from agent.core.lease import Lease
 from agent.core.types import Event, HistoryRow
 from agent.state.migrations import migrate
 from agent.state.port import (
+    RUN_RECORDS_KEPT,
     AllocationKind,
     AllocationRecord,
     Pruned,
     RequestRecord,
     Retention,
+    RunRecordRow,
     WriteBatch,
 )
 from agent.state.reader import SqliteReader
@@ -46,6 +48,8 @@ from agent.state.rows import (
     LEASE_INSERT,
     LIVE_STATES,
     REQUEST_INSERT,
+    RUN_RECORD_INSERT,
+    RUN_RECORD_TRIM,
     allocation_row,
     event_row,
     history_row,
@@ -311,12 +315,33 @@ class SqliteStateStore:
                 "INSERT OR REPLACE INTO drained VALUES (?, ?, ?)", (device_uuid, reason, at)
             )
 
+    async def add_run_records(
+        self, rows: Sequence[RunRecordRow], *, keep: int = RUN_RECORDS_KEPT
+    ) -> None:
+        """Insert the rows and delete all but the newest ``keep``, in one transaction."""
+
+        def run(db: sqlite3.Connection) -> None:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(RUN_RECORD_INSERT, [tuple(r) for r in rows])
+            db.execute(RUN_RECORD_TRIM, (keep,))
+            db.execute("COMMIT")
+
+        await self._write_with(run)
+
     async def _small_write(self, sql: str, args: tuple[Any, ...]) -> None:
+        await self._write_with(lambda db: db.execute(sql, args))
+
+    async def _write_with(self, step: Callable[[sqlite3.Connection], object]) -> None:
+        """A write outside the group commit, on the writer's thread; a failure marks the
+        store unwritable (and rolls back a transaction ``step`` began)."""
+
         def run() -> None:
             assert self._db is not None
             try:
-                self._db.execute(sql, args)
+                step(self._db)
             except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise StateError(f"cannot write the state store: {exc}") from exc
 
         try:
@@ -363,3 +388,9 @@ class SqliteStateStore:
 
     async def drained(self) -> dict[str, str]:
         return await self._reader.drained()
+
+    async def run_records(self, *, limit: int = RUN_RECORDS_KEPT) -> list[RunRecordRow]:
+        return await self._reader.run_records(limit=limit)
+
+    async def run_record_count(self) -> int:
+        return await self._reader.run_record_count()

@@ -158,7 +158,7 @@ def test_the_doc_has_an_example_of_every_command() -> None:
     for command in (
         "status", "config show", "mps status", "telemetry", "leases", "explain --memory",
         "size --parameters", "drain 3", "undrain", "events", "clear-stale --dry-run",
-        "release", "events --kind",
+        "release", "report", "events --kind",
         "estimator synth", "estimator train", "estimator predict", "estimator evaluate",
         "readiness synth", "readiness evaluate", "readiness train", "kube serve",
     ):  # fmt: skip

@@ -33,12 +33,16 @@ def test_round_trip(tmp_path: Path) -> None:
     assert "retention_lower coverage: nominal 0.90" in trained.stdout
     table = {
         line.split()[0]: [float(v) for v in line.split()[1:]]
-        for line in trained.stdout.splitlines()[1:4]
+        for line in trained.stdout.splitlines()[1:5]
     }
+    assert set(table) == {"forest", "linear", "mean", "util_sum_rule"}
     assert table["forest"][0] < table["mean"][0] and table["forest"][0] < table["util_sum_rule"][0]
+    assert "predicted_retention: the forest" in trained.stdout
+    assert "model, held-out families" in trained.stdout and "util_sum_best" in trained.stdout
     metadata = json.loads((model / "model.json").read_text())
     assert metadata["features"] and metadata["data_sha256"] and metadata["versions"]
-    assert metadata["calibration"]["coverage"] == 0.9 and metadata["selected"] == "forest"
+    assert metadata["calibration"]["coverage"] == 0.9 and metadata["regressor"] == "forest"
+    assert metadata["gate"]["precision"] == 0.95 and metadata["predictive"]["q"]
     assert not [name for name in metadata["features"] if name.startswith("dc.")]
 
     predicted = run("predict", "--model", str(model), "--data", str(holdout))
@@ -49,6 +53,12 @@ def test_round_trip(tmp_path: Path) -> None:
     assert [x["target"]["workload"] for x in lines] == [x["target"]["workload"] for x in source]
     assert all(x["retention_lower"] <= x["predicted_retention"] + 1e-9 for x in lines)
     assert {x["retention_coverage"] for x in lines} == {0.9}
+    assert all(0.0 <= x["p_keep"] <= 1.0 and isinstance(x["gate_admit"], bool) for x in lines)
+    assert {x["gate_admit"] for x in lines} == {True, False}
+    lenient = run("predict", "--model", str(model), "--data", str(holdout), "--floor", "0.6")
+    at_06 = [json.loads(x) for x in lenient.stdout.splitlines()]
+    assert all(a["p_keep"] >= x["p_keep"] - 1e-12 for a, x in zip(at_06, lines, strict=True))
+    assert sum(a["gate_admit"] for a in at_06) > sum(x["gate_admit"] for x in lines)
     loose = run("predict", "--model", str(model), "--data", str(holdout), "--coverage", "0.6")
     looser = [json.loads(x)["retention_lower"] for x in loose.stdout.splitlines()]
     assert all(a >= x["retention_lower"] for a, x in zip(looser, lines, strict=True))
@@ -57,8 +67,10 @@ def test_round_trip(tmp_path: Path) -> None:
     assert evaluated.returncode == 0, evaluated.stderr
     metrics = json.loads(evaluated.stdout)
     assert metrics["records"] == len(source) and metrics["mae"] < 0.2
-    assert {"gate_precision_at_0.85", "gate_recall_at_0.9"} <= set(metrics)
-    assert metrics["coverage_nominal"] == 0.9 and "util_sum_120" in metrics["baselines"]
+    assert {"gate_precision_at_0.85", "gate_recall_at_0.9", "gate_threshold_at_0.85"} <= set(
+        metrics
+    )
+    assert metrics["coverage_nominal"] == 0.9 and "util_sum_best" in metrics["baselines"]
 
 
 def test_evaluate_writes_a_report_on_another_generator(tmp_path: Path) -> None:
@@ -79,6 +91,24 @@ def test_evaluate_writes_a_report_on_another_generator(tmp_path: Path) -> None:
     names = {p.name for p in report.iterdir()}
     assert names == {"calibration.png", "predicted_vs_true.png", "gate.png", "summary.md"}
     assert "![calibration](calibration.png)" in (report / "summary.md").read_text()
+
+
+def test_training_without_gpu_util_names_no_utilisation_rule(tmp_path: Path) -> None:
+    data, model = tmp_path / "shares.jsonl", tmp_path / "m"
+    assert (
+        run("synth", "--out", str(data), "--runs", "200", "--generator", "shares").returncode == 0
+    )
+    trained = run("train", "--data", str(data), "--out", str(model), "--trees", "20")
+    assert trained.returncode == 0, trained.stderr
+    assert "util_sum" not in trained.stdout
+    assert "no utilisation-sum baseline: the records carry no gpu_util" in trained.stdout
+
+
+def test_train_needs_data_and_out_or_the_node(tmp_path: Path) -> None:
+    alone = run("train", "--out", str(tmp_path / "m"))
+    assert alone.returncode == 2 and "give --data and --out" in alone.stderr
+    both = run("train", "--from-node", "--out", str(tmp_path / "m"))
+    assert both.returncode == 2 and "takes no --data or --out" in both.stderr
 
 
 def test_bad_records_name_the_line(tmp_path: Path) -> None:

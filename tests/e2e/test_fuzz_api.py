@@ -160,6 +160,7 @@ def test_every_other_rpc(agent: tuple, ident: str, reason: str, dry_run: bool, s
         (stub.Drain, pb.DrainRequest(device_uuid=ident, reason=reason)),
         (stub.Undrain, pb.DrainRequest(device_uuid=ident)),
         (stub.ClearStale, pb.ClearStaleRequest(dry_run=dry_run)),
+        (stub.ReportProgress, pb.ReportProgressRequest(lease_id=ident, units_done=seq - 1e19)),
         (stub.GetNode, pb.GetNodeRequest()),
     ):
         assert outcome(call, request) in ALLOWED, call

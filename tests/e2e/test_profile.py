@@ -69,6 +69,9 @@ def test_pairs_give_two_records_with_measured_retention(tmp_path: Path) -> None:
         assert record["retention"] == pytest.approx(0.5, abs=0.1), "two copies share the work"
         assert record["target"]["thread_pct"] == 50.0
         assert "power_w" in record["target"]["counters"]
+        # measured alone at its share too: what the estimator reads for an MPS share
+        assert set(record["target"]["share_counters"]) == {"50"}
+        assert "power_w" in record["target"]["share_counters"]["50"]
 
 
 def test_a_workload_that_prints_no_throughput_is_named(tmp_path: Path) -> None:

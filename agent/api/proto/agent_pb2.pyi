@@ -351,6 +351,53 @@ class PingRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReportProgressRequest(_message.Message):
+    __slots__ = ("lease_id", "units_done")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNITS_DONE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    units_done: float
+    def __init__(self, lease_id: _Optional[str] = ..., units_done: _Optional[float] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = ("lease_id", "window_s", "rate_per_s", "peers", "records")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    window_s: float
+    rate_per_s: float
+    peers: int
+    records: int
+    def __init__(self, lease_id: _Optional[str] = ..., window_s: _Optional[float] = ..., rate_per_s: _Optional[float] = ..., peers: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
+
+class RetrainEstimatorRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RetrainEstimatorResponse(_message.Message):
+    __slots__ = ("swapped", "reason", "figures", "node_records", "model_dir")
+    class FiguresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SWAPPED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    NODE_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
+    swapped: bool
+    reason: str
+    figures: _containers.ScalarMap[str, float]
+    node_records: int
+    model_dir: str
+    def __init__(self, swapped: _Optional[bool] = ..., reason: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ..., node_records: _Optional[int] = ..., model_dir: _Optional[str] = ...) -> None: ...
+
 class PingResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -104,6 +104,16 @@ class AgentStub:
                 request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.PingRequest.SerializeToString,
                 response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.PingResponse.FromString,
                 _registered_method=True)
+        self.ReportProgress = channel.unary_unary(
+                '/gpushare.v1.Agent/ReportProgress',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.ReportProgressResponse.FromString,
+                _registered_method=True)
+        self.RetrainEstimator = channel.unary_unary(
+                '/gpushare.v1.Agent/RetrainEstimator',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -208,6 +218,25 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProgress(self, request, context):
+        """A workload's progress on its lease: a cumulative count of work units. The agent times
+        each report with its own monotonic clock; the rates it measures alone on a device and
+        next to other leases become the node's run records, which the retention estimator
+        learns from (only the lease's owner, or the local socket, may report).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetrainEstimator(self, request, context):
+        """Admin only: retrain the retention model now on the node's run records (and
+        estimator.base_data); the new model replaces the current one only when it beats it.
+        One at a time: asked while a retrain runs, FAILED_PRECONDITION "a retrain is running".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -280,6 +309,16 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.PingRequest.FromString,
                     response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.PingResponse.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.ReportProgressRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.ReportProgressResponse.SerializeToString,
+            ),
+            'RetrainEstimator': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetrainEstimator,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -660,6 +699,60 @@ class Agent:
             '/gpushare.v1.Agent/Ping',
             agent_dot_api_dot_proto_dot_agent__pb2.PingRequest.SerializeToString,
             agent_dot_api_dot_proto_dot_agent__pb2.PingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/ReportProgress',
+            agent_dot_api_dot_proto_dot_agent__pb2.ReportProgressRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.ReportProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetrainEstimator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/RetrainEstimator',
+            agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.estimator.evaluation import baselines, beats, precision_recall, rule_of_sum
+from agent.estimator.evaluation import baselines, precision_recall, rule_of_sum, util_rule_applies
 from agent.estimator.records import Record, Workload, family_of
 
 
@@ -44,11 +44,31 @@ def test_the_120_percent_rule_admits_on_the_sum_alone() -> None:
     assert rule["gate_precision_at_0.85"] == 0.5 and rule["gate_recall_at_0.85"] == 0.5
 
 
-def test_beating_needs_both_precision_and_recall() -> None:
-    rule = {"gate_precision_at_0.85": 0.9, "gate_recall_at_0.85": 0.8}
-    assert beats({"gate_precision_at_0.85": 0.95, "gate_recall_at_0.85": 0.8}, rule)
-    assert not beats({"gate_precision_at_0.85": 0.99, "gate_recall_at_0.85": 0.7}, rule)
-    assert not beats({"gate_precision_at_0.85": 0.8, "gate_recall_at_0.85": 0.99}, rule)
+def test_the_best_limit_is_the_highest_sum_that_reaches_the_precision() -> None:
+    records = [pair(30, 40, 0.95), pair(50, 50, 0.9), pair(60, 60, 0.9), pair(70, 80, 0.5)]
+    best = baselines(records, [r.retention for r in records], precision=0.95)["util_sum_best"]
+    # sum <= 120 admits the three good sets; 150 would let the bad one in
+    assert best["limit_at_0.85"] == 120 and best["gate_recall_at_0.85"] == 1.0
+    assert best["gate_precision_at_0.85"] == 1.0
+
+
+def test_no_gpu_util_no_utilisation_rule() -> None:
+    bare = Record(
+        "L4",
+        24 * 2**30,
+        Workload("a", 50, 0, {"l2_util": 40.0, "dram_util": 30.0}),
+        (Workload("b", 50, 0, {"l2_util": 20.0, "dram_util": 60.0}),),
+        retention=0.7,
+    )
+    assert not util_rule_applies([bare]) and not util_rule_applies([pair(50, 50, 0.9), bare])
+    assert util_rule_applies([pair(50, 50, 0.9)]) and not util_rule_applies([])
+    assert set(baselines([bare], [0.7])) == {"admit_all"}
+    assert set(baselines([pair(1, 2, 0.9)], [0.9])) == {
+        "admit_all",
+        "util_sum_rule",
+        "util_sum_120",
+        "util_sum_best",
+    }
 
 
 @pytest.mark.parametrize(

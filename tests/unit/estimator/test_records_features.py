@@ -148,3 +148,106 @@ def test_family_is_an_optional_field_that_round_trips() -> None:
 def test_model_classes_order_generations() -> None:
     assert model_class("K80") < model_class("V100-SXM2") < model_class("NVIDIA H100 80GB HBM3")
     assert model_class("mystery") == 0
+
+
+SHARES = {
+    "gpu": {"model": "NVIDIA A100-SXM4-40GB", "memory_bytes": 40 * 2**30},
+    "target": {
+        "workload": "bert-bs8",
+        "family": "bert",
+        "thread_pct": 30,
+        "memory_bytes": 2**31,
+        "counters": {"l2_util": 60.0, "dram_util": 50.0},
+        "share_counters": {"30": {"l2_util": 40.0, "dram_util": 30.0}, "70": {"l2_util": 55.0}},
+    },
+    "peers": [
+        {
+            "workload": "yolo-bs1",
+            "thread_pct": 80,
+            "memory_bytes": 2**30,
+            "counters": {"l2_util": 20.0, "dram_util": 70.0},
+        }
+    ],
+    "retention": 0.8,
+}
+
+
+def test_counters_at_the_share_feed_the_mps_share_features() -> None:
+    (record,) = parse_lines([json.dumps(SHARES)], need_retention=True)
+    assert record.target.share_counters[30.0] == {"l2_util": 40.0, "dram_util": 30.0}
+    names = feature_names(*counter_names([record]))
+    assert "x.util_sum" not in names, "no gpu_util: no column the sum rule could be read into"
+    values = dict(zip(names, features(record, names), strict=True))
+    expected = {
+        "t.l2_util": 40.0,  # measured at its 30% share, not at the full device
+        "t.dram_util": 30.0,
+        "s.l2_util": 40.0 + 20.0,
+        "x.l2_total": 0.4 + 0.2,
+        "x.l2_peers": 0.2,
+        "x.dram_total": 0.3 + 0.7,  # dram_util when neither dram_active nor mem_util
+        "x.memsys_total": 0.6 + 1.0,
+        "x.memsys_peers": 0.2 + 0.7,
+        "x.threads_total": 1.1,
+        "x.threads_over": pytest.approx(0.1),
+    }
+    for name, value in expected.items():
+        assert values[name] == pytest.approx(value), name
+    again = json.loads(to_json(record))
+    assert again["target"]["share_counters"] == SHARES["target"]["share_counters"]
+
+
+@pytest.mark.parametrize(
+    ("thread_pct", "l2"),
+    [(30, 40.0), (25, 40.0), (50, 55.0), (100, 55.0), (10, 40.0)],
+)
+def test_the_nearest_measured_share_is_used(thread_pct: float, l2: float) -> None:
+    from agent.estimator.records import Workload, counters_at_share
+
+    workload = Workload(
+        "w",
+        thread_pct,
+        0,
+        {"l2_util": 99.0, "gpu_util": 50.0},
+        "",
+        {30.0: {"l2_util": 40.0}, 70.0: {"l2_util": 55.0}},
+    )
+    at_share = counters_at_share(workload)
+    assert at_share["l2_util"] == l2 and at_share["gpu_util"] == 50.0
+
+
+@pytest.mark.parametrize(
+    ("shares", "where"),
+    [
+        ({"half": {}}, "target.share_counters.half"),
+        ({"0": {}}, "target.share_counters.0"),
+        ({"150": {}}, "target.share_counters.150"),
+        ({"50": {"l2_util": "x"}}, "target.share_counters.50.l2_util"),
+    ],
+)
+def test_bad_share_counters_name_the_field(shares: dict[str, object], where: str) -> None:
+    document = json.loads(json.dumps(SHARES))
+    document["target"]["share_counters"] = shares
+    with pytest.raises(ValidationError, match=where.replace(".", r"\.")):
+        parse_lines([json.dumps(document)], need_retention=True)
+
+
+def test_a_profile_measured_at_shares_reaches_the_gate(tmp_path: object) -> None:
+    from agent.estimator.profiles import parse_profile
+    from agent.runtime.gate import _workload
+
+    profile = parse_profile(
+        "version: 1\nname: bert\ngpu_model: A100\ncounters: {sm_active: 0.9}\n"
+        "share_counters:\n  25: {sm_active: 0.2}\n",
+        "bert.yaml",
+    )
+    assert profile.share_counters == {25.0: {"sm_active": 0.2}}
+    from agent.estimator.records import counters_at_share
+
+    at_25 = _workload("l", "bert", 25, 0, {"bert": profile}, {})
+    assert counters_at_share(at_25)["sm_active"] == 0.2
+    inline = _workload("l", "bert", 25, 0, {"bert": profile}, {"sm_active": 0.5})
+    assert counters_at_share(inline)["sm_active"] == 0.5, "counters sent inline win"
+    with pytest.raises(ValidationError, match="share_counters"):
+        parse_profile(
+            "version: 1\nname: b\ngpu_model: A\ncounters: {x: 1}\nshare_counters: [1]\n", "b.yaml"
+        )

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.estimator import shares
 from agent.estimator.model import DEFAULT_MODEL_DIR, RetentionModel
-from agent.estimator.report import PLOTS, evaluate, markdown, write
+from agent.estimator.report import PLOTS, evaluate, history_lines, markdown, write
 from agent.estimator.synthetic import runs
 
 pytestmark = pytest.mark.timeout(120)  # matplotlib's first import and three figures
@@ -22,10 +23,57 @@ def test_metrics_name_coverage_and_baselines(result) -> None:  # type: ignore[no
     metrics = evaluated["metrics"]
     assert metrics["coverage_nominal"] == model.coverage
     assert 0.0 <= metrics["coverage_achieved"] <= 1.0
-    assert set(metrics["baselines"]) == {"util_sum_rule", "util_sum_120"}
+    assert set(metrics["baselines"]) == {
+        "admit_all",
+        "util_sum_rule",
+        "util_sum_120",
+        "util_sum_best",
+    }
     curves = evaluated["curves"]
     assert len(curves["nominal"]) == len(curves["achieved"])
     assert curves["achieved"] == sorted(curves["achieved"]), "more coverage, more covered"
+
+
+def test_the_gate_at_its_operating_point_and_its_curve_per_floor(result) -> None:  # type: ignore[no-untyped-def]
+    model, evaluated = result
+    metrics, gates = evaluated["metrics"], evaluated["curves"]["gate"]
+    assert metrics["gate_precision_target"] == 0.95
+    assert metrics["gate_threshold_at_0.85"] == model.threshold(0.85, 0.95)
+    assert metrics["cv_heldout_precision_at_0.85"] >= 0.95
+    assert set(gates) == {"0.8", "0.85", "0.9"}
+    _precision, recall = gates["0.85"]["model"]
+    assert recall == sorted(recall, reverse=True), "a higher threshold admits fewer"
+    assert gates["0.85"]["operating_point"] == (
+        metrics["gate_precision_at_0.85"],
+        metrics["gate_recall_at_0.85"],
+    )
+    assert "util_sum" in gates["0.85"]
+
+
+def test_without_gpu_util_only_the_baselines_that_apply() -> None:
+    model = RetentionModel.load(DEFAULT_MODEL_DIR)
+    evaluated = evaluate(model, shares.runs(30, seed=2))
+    assert set(evaluated["metrics"]["baselines"]) == {"admit_all"}
+    assert "util_sum" not in evaluated["curves"]["gate"]["0.85"]
+    assert "util_sum" not in markdown(evaluated["metrics"], model, "b.jsonl")
+
+
+def test_the_learned_on_node_history_is_a_table() -> None:
+    history = [
+        {
+            "at": "2026-12-05T10:00:00Z",
+            "node_records": 120,
+            "families": 4,
+            "swapped": True,
+            "reason": "better",
+            "figures": {"current_mae": 0.2, "candidate_mae": 0.05},
+        }
+    ]
+    lines = history_lines({"learning": {"history": history}})
+    assert "| 2026-12-05T10:00:00Z | 120 | 4 | yes | 0.2000 | 0.0500 | better |" in lines
+    assert history_lines({}) == []
+    stamped = history_lines({"learning": {"history": [{**history[0], "at": 1796551200.0}]}})
+    assert any(line.startswith("| 2026-12-06 10:00:00Z | 120 |") for line in stamped)
 
 
 def test_markdown_has_the_gate_table(result) -> None:  # type: ignore[no-untyped-def]

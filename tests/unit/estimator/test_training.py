@@ -1,5 +1,8 @@
-"""The pipeline on synthetic data: monotonic forest, calibrated lower estimate, baselines."""
+"""The pipeline on synthetic data: checked constraints, the regression picked in grouped
+CV, calibrated lower estimate, the gate's operating point, applicable baselines."""
 
+import json
+import random
 from pathlib import Path
 
 import numpy as np
@@ -7,9 +10,10 @@ import pytest
 
 from agent.core.errors import ValidationError
 from agent.estimator import calibration as cal
+from agent.estimator import shares
 from agent.estimator.compiled import CompiledForest
-from agent.estimator.evaluation import util_sum_rule
 from agent.estimator.model import RetentionModel
+from agent.estimator.records import Record, Workload
 from agent.estimator.training import matrix, save, train
 from agent.sim.synth import PROVENANCE, runs
 
@@ -35,12 +39,25 @@ def test_grouped_cv_beats_both_baselines(trained) -> None:  # type: ignore[no-un
     forest, mean, rule = (result.cv[k] for k in ("forest", "mean", "util_sum_rule"))
     assert forest["mae"] < mean["mae"] and forest["mae"] < rule["mae"]
     assert forest["accuracy_at_0.8"] > max(mean["accuracy_at_0.8"], rule["accuracy_at_0.8"])
-    assert result.selected == "forest" and result.calibration["levels_beating_rule"]
+    assert result.selected == "forest" and result.cv["forest"]["mae"] < result.cv["linear"]["mae"]
+    folds = result.cv["folds"]
+    assert folds["beating_mean"] == folds["count"] == 6 and folds["worst_mae_ratio"] < 1
+
+
+def test_the_gate_reports_its_operating_point_next_to_the_baselines(trained) -> None:  # type: ignore[no-untyped-def]
+    _records, result = trained
+    chosen = result.cv["selected"]
+    assert chosen["gate_precision_target"] == 0.95
+    assert chosen["gate_cv_precision_at_0.85"] >= 0.95
+    # every recall the sum rule reaches at that precision, the gate beats
+    assert chosen["gate_cv_recall_at_0.85"] > result.cv["util_sum_best"]["gate_recall_at_0.85"]
+    assert 0 < chosen["gate_threshold_at_0.85"] <= 1
+    assert len(result.gate["threshold"]) == len(result.gate["floors"])
 
 
 def test_the_stated_coverage_holds_on_held_out_families(trained) -> None:  # type: ignore[no-untyped-def]
     _records, result = trained
-    forest = result.cv["forest"]
+    forest = result.cv["selected"]
     assert forest["coverage_nominal"] == 0.9
     assert abs(forest["coverage_achieved"] - 0.9) <= 0.03
     achieved = result.curve["achieved"]
@@ -52,7 +69,10 @@ def test_more_peer_demand_never_raises_the_prediction(trained) -> None:  # type:
     records, result = trained
     x = matrix(records[:200], result.names)
     compiled = CompiledForest.from_sklearn(result.forest)
-    for name in ("x.sm_peers", "x.sm_total", "x.dram_total", "p.sum.sm_active"):
+    kept = [n for n, c in zip(result.names, result.constraints, strict=True) if c == -1]
+    assert set(result.constraint_checks) > {"mae_all", "compute", "threads"}
+    assert kept, "some constraints hold in these records"
+    for name in kept:
         column = result.names.index(name)
         before = compiled.predict(x)
         busier = x.copy()
@@ -98,16 +118,73 @@ def test_higher_coverage_means_a_lower_estimate(trained, model) -> None:  # type
         model.with_coverage(0.999)
 
 
-def test_a_model_whose_forest_lost_answers_with_the_rule(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_old_model_that_chose_the_rule_answers_with_its_forest(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     records, result = trained
-    result.selected = "util_sum_rule"
-    try:
-        save(result, tmp_path / "m", data_sha256="x", records=1, provenance="p")
-    finally:
-        result.selected = "forest"
+    save(result, tmp_path / "m", data_sha256="x", records=1, provenance="p")
+    meta = json.loads((tmp_path / "m" / "model.json").read_text())
+    meta.update(selected="util_sum_rule", schema_version=2)
+    for key in ("regressor", "gate", "predictive"):
+        del meta[key]
+    (tmp_path / "m" / "model.json").write_text(json.dumps(meta))
     model = RetentionModel.load(tmp_path / "m")
-    mean, lower = model.predict(records[:20])
-    assert mean == lower == [util_sum_rule(r) for r in records[:20]]
+    mean, _lower = model.predict(records[:20])
+    reference = result.forest.predict(matrix(records[:20], result.names))
+    assert np.abs(np.asarray(mean) - reference).max() <= 1e-9
+    assert not model.has_operating_point
+
+
+def test_without_gpu_util_no_utilisation_rule_is_used_or_reported(tmp_path: Path) -> None:
+    records = shares.runs(150, seed=5)
+    assert not any("gpu_util" in r.target.counters for r in records)
+    result = train(records, folds=5, trees=20)
+    assert not [k for k in result.cv if k.startswith("util_sum")]
+    assert set(result.cv) >= {"forest", "linear", "mean", "admit_all", "selected"}
+    assert result.selected in ("forest", "linear")
+    assert result.cv[result.selected]["mae"] < result.cv["mean"]["mae"]
+    save(result, tmp_path / "m", data_sha256="x", records=len(records), provenance="p")
+    text = (tmp_path / "m" / "model.json").read_text()
+    assert "util_sum" not in text
+    model = RetentionModel.load(tmp_path / "m")
+    mean, _lower = model.predict(records[:40])
+    assert len(set(np.round(mean, 6))) > 10, "the estimate, not a rule's constant"
+
+
+def _linear_world(count: int, seed: int) -> list[Record]:
+    """Retention falls in a straight line with the peer's SM share, each family at its own
+    range of it: a forest cannot reach past the ranges it saw, a line can."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(count):
+        family = i % 6
+        peer_sm = 0.1 * family + rng.uniform(0.0, 0.1)
+        target = Workload(f"w{family}", 100, 0, {"sm_active": 0.5}, f"f{family}")
+        peer = Workload("p", 100, 0, {"sm_active": peer_sm}, "p")
+        value = 1.0 - 0.8 * peer_sm + rng.gauss(0, 0.005)
+        records.append(Record("L4", 24 * 2**30, target, (peer,), None, value))
+    return records
+
+
+def test_a_line_is_kept_where_grouped_cv_says_it_travels_better(tmp_path: Path) -> None:
+    result = train(_linear_world(240, 1), trees=20, check_constraints=False)
+    assert result.selected == "linear" and result.forest is None and result.linear is not None
+    assert result.cv["linear"]["mae"] < result.cv["forest"]["mae"]
+    save(result, tmp_path / "m", data_sha256="x", records=240, provenance="p")
+    assert not (tmp_path / "m" / "forest.npz").exists()
+    model = RetentionModel.load(tmp_path / "m")
+    mean, lower = model.predict(_linear_world(12, 2))
+    truth = [r.retention for r in _linear_world(12, 2)]
+    assert np.abs(np.asarray(mean) - np.asarray(truth)).max() < 0.05
+    assert all(low <= m + 1e-12 for m, low in zip(mean, lower, strict=True))
+
+
+def test_records_that_say_nothing_about_retention_are_refused() -> None:
+    rng = random.Random(4)
+    records = [
+        Record(r.gpu_model, r.gpu_memory_bytes, r.target, r.peers, None, rng.uniform(0.3, 1.0))
+        for r in runs(150, seed=3)
+    ]
+    with pytest.raises(ValidationError, match="beats the training mean"):
+        train(records, folds=5, trees=10, check_constraints=False)
 
 
 def test_one_family_cannot_be_cross_validated() -> None:

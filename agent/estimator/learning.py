@@ -1,0 +1,200 @@
+"""Learning on the node: retrain the retention model on the node's own run records (plus
+base records) and keep the new model only when it beats the current one. Pure but for
+scikit-learn's CPU time: run it off the event loop.
+
+    outcome = retrain(current, node_records, base_records, gate_precision=0.95)
+    if outcome.swapped:
+        path = save_learned(outcome, directory, history=[...])   # a model folder
+        model = RetentionModel.load(path)
+
+How the two are compared, on the node's records only (what this node runs is what the
+model must get right here), grouped by workload family:
+
+- the **candidate** is trained by the full pipeline (``training.train``: checked
+  constraints, forest or line, calibration, operating point) on the base records and all
+  the node's; its figures on the node come from models of the same kind fitted without each
+  node family in turn, so every node record is predicted by a model that never saw its
+  family;
+- the **current** model predicts the node's records as it is (it may have learnt from them
+  in an earlier swap: that only favours it); without a model, the gate's fallback rule.
+
+The candidate replaces the current model only when its MAE on the node's records is lower
+by at least ``MIN_GAIN`` (relative) **and** its gate at floor 0.85 is no less precise
+(less ``PRECISION_SLACK``) than the current one's or reaches the wanted precision.
+``outcome.reason`` is one sentence for the event; ``outcome.figures`` the numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.core.errors import ValidationError
+from agent.estimator import operating
+from agent.estimator.compiled import CompiledForest
+from agent.estimator.evaluation import precision_recall, util_sum_rule
+from agent.estimator.linear import LinearModel
+from agent.estimator.model import RetentionModel
+from agent.estimator.records import Record, family_of, to_json
+from agent.estimator.training import (
+    TrainResult,
+    data_hash,
+    fit_winner,
+    matrix,
+    save,
+    train,
+)
+
+MIN_GAIN = 0.02  # relative MAE the candidate must win by
+PRECISION_SLACK = 0.02
+GATE_FLOOR = 0.85
+FIT_FOLDS = 5  # grouped folds of the candidate's own training (bounded time on a node)
+
+
+@dataclass
+class Retrained:
+    swapped: bool
+    reason: str
+    figures: dict[str, float] = field(default_factory=dict)
+    result: TrainResult | None = None
+    records: list[Record] = field(default_factory=list)
+
+
+def retrain(
+    current: RetentionModel | None,
+    node_records: Sequence[Record],
+    base_records: Sequence[Record],
+    *,
+    gate_precision: float = operating.DEFAULT_PRECISION,
+    trees: int = 60,
+    seed: int = 0,
+) -> Retrained:
+    node = [r for r in node_records if r.retention is not None]
+    base = [r for r in base_records if r.retention is not None]
+    figures: dict[str, float] = {"node_records": float(len(node)), "base_records": float(len(base))}
+    if not node:
+        return Retrained(False, "no run records from this node yet", figures)
+    figures["families"] = float(len({family_of(r.target) for r in node}))
+    everything = base + node
+    try:
+        result = train(
+            everything, folds=FIT_FOLDS, trees=trees, seed=seed, gate_precision=gate_precision
+        )
+    except ValidationError as exc:  # too few families, or nothing learnable
+        return Retrained(False, f"no candidate: {exc}", figures)
+    candidate = _candidate_on_node(result, base, node, trees, seed, gate_precision)
+    figures.update(candidate)
+    figures.update(_current_on_node(current, node, gate_precision))
+    swapped, reason = _verdict(figures, gate_precision)
+    return Retrained(swapped, reason, figures, result if swapped else None, everything)
+
+
+def _candidate_on_node(
+    result: TrainResult,
+    base: list[Record],
+    node: list[Record],
+    trees: int,
+    seed: int,
+    precision: float,
+) -> dict[str, float]:
+    """The candidate's MAE and gate on the node's records, each family predicted by a model
+    of the candidate's kind fitted without it."""
+    families = [family_of(r.target) for r in node]
+    x_node = matrix(node, result.names)
+    y_node = np.asarray([r.retention for r in node], dtype=np.float64)
+    mean, spread = np.zeros_like(y_node), np.zeros_like(y_node)
+    for family in sorted(set(families)):
+        held = np.asarray([f == family for f in families])
+        rest = base + [r for r, f in zip(node, families, strict=True) if f != family]
+        if len({family_of(r.target) for r in rest}) < 1:
+            continue
+        x = matrix(rest, result.names)
+        y = np.asarray([r.retention for r in rest], dtype=np.float64)
+        forest, line = fit_winner(
+            result.regressor, x, y, result.names, trees, seed, result.constraints
+        )
+        m, s = _predict(forest, line, x_node[held])
+        mean[held], spread[held] = m, s
+    p = operating.p_keep(
+        mean, spread, GATE_FLOOR, result.predictive["q"], float(result.predictive["eps"])
+    )
+    threshold = operating.threshold_at(result.gate, GATE_FLOOR, precision)
+    got_precision, got_recall = precision_recall(
+        y_node, operating.admitted(p, threshold), GATE_FLOOR
+    )
+    return {
+        "candidate_mae": float(np.mean(np.abs(y_node - mean))),
+        "candidate_precision": got_precision,
+        "candidate_recall": got_recall,
+    }
+
+
+def _predict(forest: Any, line: LinearModel | None, x: Any) -> tuple[Any, Any]:
+    if line is not None:
+        return line.predict_with_spread(x)
+    return CompiledForest.from_sklearn(forest).predict_with_spread(x)
+
+
+def _current_on_node(
+    current: RetentionModel | None, node: list[Record], precision: float
+) -> dict[str, float]:
+    y_node = np.asarray([r.retention for r in node], dtype=np.float64)
+    if current is None:  # the gate's fallback: the utilisation-sum rule
+        rule = np.asarray([util_sum_rule(r) for r in node])
+        got_precision, got_recall = precision_recall(y_node, rule >= GATE_FLOOR, GATE_FLOOR)
+        return {
+            "current_mae": float(np.mean(np.abs(y_node - rule))),
+            "current_precision": got_precision,
+            "current_recall": got_recall,
+        }
+    found = current.estimate(node)
+    _p, admitted = current.gate_admits(node, GATE_FLOOR, precision)
+    got_precision, got_recall = precision_recall(y_node, admitted, GATE_FLOOR)
+    return {
+        "current_mae": float(np.mean(np.abs(y_node - found.mean))),
+        "current_precision": got_precision,
+        "current_recall": got_recall,
+    }
+
+
+def _verdict(figures: dict[str, float], precision: float) -> tuple[bool, str]:
+    current, candidate = figures["current_mae"], figures["candidate_mae"]
+    if not candidate < current * (1 - MIN_GAIN):
+        return False, (
+            f"the candidate's MAE on this node's records ({candidate:.4f}) is not at least "
+            f"{MIN_GAIN:.0%} under the current model's ({current:.4f})"
+        )
+    floor_precision = min(figures["current_precision"], precision) - PRECISION_SLACK
+    if figures["candidate_precision"] < floor_precision:
+        return False, (
+            f"the candidate's gate at floor {GATE_FLOOR} is less precise on this node's "
+            f"records ({figures['candidate_precision']:.3f}) than the current one's "
+            f"({figures['current_precision']:.3f})"
+        )
+    return True, (
+        f"the candidate's MAE on this node's records is {candidate:.4f} against "
+        f"{current:.4f}, its gate at floor {GATE_FLOOR} precision "
+        f"{figures['candidate_precision']:.3f} recall {figures['candidate_recall']:.3f}"
+    )
+
+
+def save_learned(outcome: Retrained, directory: Path, *, history: list[dict[str, Any]]) -> Path:
+    """The swapped-in model as a model folder (what ``RetentionModel.load`` reads), with the
+    learning history in its metadata."""
+    if outcome.result is None:
+        raise ValueError("only a swapped-in candidate is saved")
+    lines = [to_json(r) for r in outcome.records]
+    node = int(outcome.figures.get("node_records", 0))
+    save(
+        outcome.result,
+        directory,
+        data_sha256=data_hash(lines),
+        records=len(lines),
+        provenance=f"learned on the node: {node} node records + {len(lines) - node} base records",
+        extra={"learning": {"history": history, "figures": outcome.figures}},
+    )
+    return directory

@@ -1,0 +1,421 @@
+"""The retention estimator learns on the node: retrain on the node's own run records (plus
+``estimator.base_data``), and swap the new model in only when it beats the current one.
+
+- One retrain at a time (``RetrainEstimator``, or every ``estimator.retrain_interval_s``):
+  asked while one runs, :class:`ConflictError` "a retrain is running". Training runs on a
+  daemon thread, off the event loop: a stop does not wait for it.
+- Fewer than ``estimator.retrain_min_records`` node records: no training; the answer says so.
+- A model swapped in is written under ``<state_dir>/estimator/learned/<name>/`` (into a
+  staging folder renamed into place, so a crash never leaves half a model), named in
+  ``learned/active`` (replaced atomically) and given to the gate (admission and Explain use
+  it from the next decision on). At start, the active learned model is used instead of
+  ``estimator.model_dir``. The newest ``MODELS_KEPT`` learned models are kept.
+- Every attempt is an event: ``estimator.retrained`` (swapped) or ``estimator.kept``, with
+  the reason and the figures. Attempts that trained are kept in
+  ``<state_dir>/estimator/history.json`` (the newest ``HISTORY_KEPT``) and saved with each
+  learned model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agent.config.settings import EstimatorSettings
+from agent.core.errors import ConfigError, ConflictError, GpushareError, ValidationError
+from agent.core.types import RetrainAnswer
+from agent.estimator.model import RetentionModel
+from agent.estimator.records import Record, family_of, parse_lines
+from agent.runtime.events import EventLog
+from agent.runtime.gate import ProfileGate
+from agent.runtime.progress import ProgressTracker
+from agent.runtime.runrecords import RunRecorder
+from agent.state.port import RunRecordRow, StateStore
+
+if TYPE_CHECKING:
+    from agent.estimator.learning import Retrained
+    from agent.runtime.app import App
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+HISTORY_KEPT = 200
+MODELS_KEPT = 3
+ACTIVE = "active"
+
+
+def learned_root(state_dir: str) -> Path:
+    return Path(state_dir) / "estimator" / "learned"
+
+
+def history_path(state_dir: str) -> Path:
+    return Path(state_dir) / "estimator" / "history.json"
+
+
+def active_learned(state_dir: str) -> Path | None:
+    """The folder of the model learned on this node and in use, else None."""
+    root = learned_root(state_dir)
+    try:
+        name = (root / ACTIVE).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return root / name if name else None
+
+
+def adopt_learned(gate: ProfileGate, state_dir: str) -> Path | None:
+    """At start: the model learned on this node, if any, replaces the configured one in
+    the gate. Its folder (None: none, or one that does not load)."""
+    found = load_learned(state_dir)
+    if found is None:
+        return None
+    gate.use_model(found[0])
+    return found[1]
+
+
+def load_learned(state_dir: str) -> tuple[RetentionModel, Path] | None:
+    """The active learned model (None without one; a model that does not load is logged
+    and left aside: the configured one is used)."""
+    try:
+        path = active_learned(state_dir)
+        return (RetentionModel.load(path), path) if path is not None else None
+    except (OSError, ValidationError) as exc:
+        log.warning("the model learned on this node does not load (%s): using the configured", exc)
+        return None
+
+
+class BaseRecords:
+    """``estimator.base_data``: 'default' (the synthetic records the shipped model was
+    trained on), 'none', or a JSON Lines file of records with retentions."""
+
+    KEY = "estimator.base_data"
+
+    def __init__(self, setting: str) -> None:
+        self.setting = setting
+
+    def check(self) -> None:
+        """Read a file now: ConfigError naming the setting if it is not good records."""
+        if self.setting not in ("default", "none"):
+            self.load()
+
+    def load(self) -> list[Record]:
+        if self.setting == "none":
+            return []
+        if self.setting == "default":
+            from agent.sim.default_model import RUNS, SEED
+            from agent.sim.synth import runs
+
+            return runs(RUNS, seed=SEED)
+        try:
+            with open(self.setting) as lines:
+                return parse_lines(lines, need_retention=True)
+        except OSError as exc:
+            raise ConfigError(self.KEY, f"cannot read {self.setting}: {exc.strerror}") from exc
+        except ValidationError as exc:
+            raise ConfigError(self.KEY, f"{self.setting}: {exc}") from exc
+
+
+def parse_rows(rows: Sequence[RunRecordRow]) -> list[Record]:
+    """The stored records (a row that no longer parses is skipped, and logged)."""
+    records = []
+    for row in rows:
+        try:
+            records.extend(parse_lines([row.record], need_retention=True))
+        except ValidationError as exc:
+            log.warning("a stored run record does not parse: %s", exc)
+    return records
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    staging = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    with open(staging, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(staging, path)
+    _sync_dir(path.parent)
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _nothing_waits() -> bool:
+    return True
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a thread of its own that does not hold up the process's exit (a
+    training can take minutes; a stop must not wait for it, as ``asyncio.run`` waits for
+    ``to_thread``'s pool)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: tuple[T] | BaseException) -> None:
+        if done.done():
+            return  # the caller went away
+        if isinstance(outcome, BaseException):
+            done.set_exception(outcome)
+        else:
+            done.set_result(outcome[0])
+
+    def run() -> None:
+        outcome: tuple[T] | BaseException
+        try:
+            outcome = (fn(*args),)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=run, name="estimator-retrain", daemon=True).start()
+    return await done
+
+
+class Learner:
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        gate: ProfileGate,
+        events: EventLog,
+        settings: EstimatorSettings,
+        state_dir: str,
+        clock: Callable[[], float],
+        written: Callable[[], Awaitable[bool]] = _nothing_waits,
+    ) -> None:
+        self._store = store
+        self._written = written  # writes the records made so far (the recorder's flush)
+        self._gate = gate
+        self._events = events
+        self._settings = settings
+        self._state_dir = state_dir
+        self._clock = clock
+        self.base = BaseRecords(settings.base_data)
+        self.history: list[dict[str, Any]] = []
+        self._running = False
+
+    async def start(self) -> None:
+        """Check ``estimator.base_data`` (ConfigError) and read the history."""
+        await asyncio.to_thread(self.base.check)
+        self.history = await asyncio.to_thread(self._read_history)
+
+    def _read_history(self) -> list[dict[str, Any]]:
+        try:
+            found = json.loads(history_path(self._state_dir).read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.warning("the retrain history does not read (%s): starting a new one", exc)
+            return []
+        return [x for x in found if isinstance(x, dict)] if isinstance(found, list) else []
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    async def retrain(self) -> RetrainAnswer:
+        """Retrain now; ConflictError while another retrain runs."""
+        if self._running:
+            raise ConflictError("a retrain is running")
+        self._running = True
+        try:
+            answer = await self._attempt()
+        finally:
+            self._running = False
+        self._tell(answer)
+        return answer
+
+    async def _attempt(self) -> RetrainAnswer:
+        await self._written()  # a record made just before is trained on (if it can be)
+        rows = await self._store.run_records()
+        least = self._settings.retrain_min_records
+        if len(rows) < least:
+            reason = (
+                f"{len(rows)} node run record(s), fewer than estimator.retrain_min_records "
+                f"({least}): no training"
+            )
+            return RetrainAnswer(False, reason, len(rows))
+        current = self._gate.model
+        outcome, families = await in_daemon_thread(self._train, current, rows)
+        attempt = self._remember(outcome, len(rows), families)  # saved with a new model
+        model_dir = ""
+        if outcome.swapped:
+            model_dir = await self._swap(outcome)
+            attempt.update(swapped=outcome.swapped, reason=outcome.reason)
+        await asyncio.to_thread(self._write_history)
+        figures = {k: float(v) for k, v in outcome.figures.items()}
+        return RetrainAnswer(outcome.swapped, outcome.reason, len(rows), figures, model_dir)
+
+    async def _swap(self, outcome: Retrained) -> str:
+        """Save the new model and give it to the gate; the folder it is in. A model that
+        cannot be saved is not swapped in (``outcome`` says so)."""
+        try:
+            model, path = await asyncio.to_thread(self._install, outcome)
+        except (OSError, ValueError, ValidationError) as exc:
+            log.exception("the retrained model could not be saved")
+            outcome.swapped = False
+            outcome.reason = f"the new model beat the current one but could not be saved: {exc}"
+            return ""
+        self._gate.use_model(model)
+        return str(path)
+
+    def _train(
+        self, current: RetentionModel | None, rows: Sequence[RunRecordRow]
+    ) -> tuple[Retrained, int]:
+        """On a thread: the node's records and the base records, trained; a failure is an
+        outcome that keeps the current model."""
+        from agent.estimator.learning import Retrained, retrain
+
+        node = parse_rows(rows)
+        families = len({family_of(r.target) for r in node})
+        try:
+            outcome = retrain(
+                current,
+                node,
+                self.base.load(),
+                gate_precision=self._settings.gate_precision,
+            )
+        except Exception as exc:  # scikit-learn's: any failure keeps the current model
+            log.exception("retraining the retention model failed")
+            outcome = Retrained(False, f"training failed: {exc!r}")
+        return outcome, families
+
+    def _remember(self, outcome: Retrained, node_records: int, families: int) -> dict[str, Any]:
+        attempt: dict[str, Any] = {
+            "at": self._clock(),
+            "node_records": node_records,
+            "families": families,
+            "swapped": outcome.swapped,
+            "reason": outcome.reason,
+            "figures": {k: float(v) for k, v in outcome.figures.items()},
+        }
+        self.history.append(attempt)
+        del self.history[:-HISTORY_KEPT]
+        return attempt
+
+    def _write_history(self) -> None:
+        path = history_path(self._state_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(path, json.dumps(self.history, indent=1))
+
+    # -- swapping a model in ---------------------------------------------------------------
+
+    def _install(self, outcome: Retrained) -> tuple[RetentionModel, Path]:
+        """On a thread: save the model into a staging folder, rename it into place, load
+        it back, and name it active."""
+        from agent.estimator.learning import save_learned
+
+        root = learned_root(self._state_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        name = f"{name}-{secrets.token_hex(3)}"
+        staging, final = root / f".staging-{name}", root / name
+        saved = save_learned(outcome, staging, history=list(self.history))
+        inside = saved.resolve().relative_to(staging.resolve())
+        os.rename(staging, final)
+        _sync_dir(root)
+        path = final / inside
+        model = RetentionModel.load(path)
+        _write_atomically(root / ACTIVE, str(path.relative_to(root)))
+        self._prune(root, keep=final)
+        return model, path
+
+    @staticmethod
+    def _prune(root: Path, *, keep: Path) -> None:
+        """Leave the newest MODELS_KEPT learned models (the active one always), and no
+        staging folder a crash left."""
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        for old in [p for p in folders[:-MODELS_KEPT] if p != keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for staging in root.glob(".staging-*"):
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # -- telling ---------------------------------------------------------------------------
+
+    def _tell(self, answer: RetrainAnswer) -> None:
+        attrs = {
+            "reason": answer.reason,
+            "node_records": str(answer.node_records),
+            **{name: f"{value:g}" for name, value in sorted(answer.figures.items())},
+        }
+        if answer.swapped:
+            attrs["model_dir"] = answer.model_dir
+            kind = "estimator.retrained"
+            message = f"retention model retrained on the node and swapped in: {answer.reason}"
+        else:
+            kind, message = "estimator.kept", f"retention model kept: {answer.reason}"
+        log.info("%s", message)
+        self._events(kind, message, attrs=attrs)
+
+    # -- the periodic task -----------------------------------------------------------------
+
+    async def periodic(self, interval_s: float) -> None:
+        """Retrain every ``interval_s`` (a supervised task); a retrain asked for meanwhile
+        makes that round skip."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.retrain()
+            except ConflictError:
+                log.info("periodic retrain skipped: a retrain is running")
+            except GpushareError as exc:
+                log.warning("periodic retrain failed: %s", exc)
+
+
+@dataclass
+class NodeLearning:
+    """The learning loop as the App holds it: run records in, retrained models out."""
+
+    recorder: RunRecorder
+    learner: Learner
+
+
+async def start_learning(app: App) -> NodeLearning:
+    """Run records from progress reports, and the retrains that learn from them (once the
+    ledger is loaded; before the API serves). ConfigError: a bad ``estimator.base_data``."""
+    assert app.node is not None and app.sampler is not None
+    e, state_dir = app.settings.estimator, app.settings.paths.state_dir
+    tracker = ProgressTracker(
+        clock=app.monotonic, min_span_s=e.progress_window_s, counters_of=app.gate.lease_counters
+    )
+    recorder = RunRecorder(
+        tracker, store=app.store, devices=app.devices, ledger=app.node.ledger, clock=app.clock
+    )
+    learner = Learner(
+        store=app.store,
+        gate=app.gate,
+        events=app.events,
+        settings=e,
+        state_dir=state_dir,
+        clock=app.clock,
+        written=recorder.flush,
+    )
+    await learner.start()
+    recorder.start()
+    app.events.on_publish.append(recorder.on_published)
+    app.sampler.listeners.append(recorder.on_window)
+    app.supervisor.spawn("run-records-writer", recorder.writer())
+    if e.retrain_interval_s > 0:
+        app.supervisor.spawn(
+            "estimator-retrain", learner.periodic(e.retrain_interval_s), core=False
+        )
+    every = f"every {e.retrain_interval_s:g} s" if e.retrain_interval_s > 0 else "on demand"
+    log.info(
+        "estimator: run records from progress reports (windows of %g s or more); retrains %s%s",
+        e.progress_window_s,
+        every,
+        f"; the model in use was learned on this node: {app.learned}" if app.learned else "",
+    )
+    return NodeLearning(recorder, learner)
