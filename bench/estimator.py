@@ -193,10 +193,10 @@ def device_counter_study() -> dict[str, float]:
     x_live[:, len(names) :] = 0.0
     errors: dict[str, list[float]] = {"recorded": [], "live": [], "none": [], "mean": []}
     for tr, te in GroupKFold(n_splits=5).split(x_dc, y, groups):
-        forest = forest_for(with_dc, 40, 0, [monotonic(n) for n in with_dc]).fit(x_dc[tr], y[tr])
+        forest = forest_for(40, 0, [monotonic(n) for n in with_dc]).fit(x_dc[tr], y[tr])
         errors["recorded"] += list(np.abs(forest.predict(x_dc[te]) - y[te]))
         errors["live"] += list(np.abs(forest.predict(x_live[te]) - y[te]))
-        alone = forest_for(names, 40, 0, [monotonic(n) for n in names]).fit(x_plain[tr], y[tr])
+        alone = forest_for(40, 0, [monotonic(n) for n in names]).fit(x_plain[tr], y[tr])
         errors["none"] += list(np.abs(alone.predict(x_plain[te]) - y[te]))
         errors["mean"] += list(np.abs(y[tr].mean() - y[te]))
     base = float(np.mean(errors["mean"]))

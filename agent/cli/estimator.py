@@ -176,24 +176,26 @@ def training_summary(cv: dict[str, Any], checks: dict[str, Any]) -> list[str]:
     )
     target = chosen["gate_precision_target"]
     lines.append(f"{'gate @0.85':<24}{'precision':>12}{'recall':>12}   (at precision {target:.2f})")
-    lines.append(
-        f"{'model, grouped CV':<24}{chosen['gate_cv_precision_at_0.85']:>12.4f}"
-        f"{chosen['gate_cv_recall_at_0.85']:>12.4f}"
-    )
-    lines.append(
-        f"{'model, held-out families':<24}{chosen['gate_heldout_precision_at_0.85']:>12.4f}"
-        f"{chosen['gate_heldout_recall_at_0.85']:>12.4f}"
-    )
+    rows = [
+        (
+            "model, grouped CV",
+            chosen["gate_cv_precision_at_0.85"],
+            chosen["gate_cv_recall_at_0.85"],
+        ),
+        (
+            "model, held-out families",
+            chosen["gate_heldout_precision_at_0.85"],
+            chosen["gate_heldout_recall_at_0.85"],
+        ),
+    ]
     for name in ("util_sum_best", "util_sum_120", "admit_all"):
         if name in cv:
-            values = cv[name]
-            lines.append(
-                f"{name:<24}{values['gate_precision_at_0.85']:>12.4f}"
-                f"{values['gate_recall_at_0.85']:>12.4f}"
-            )
+            rows.append((name, cv[name]["gate_precision_at_0.85"], cv[name]["gate_recall_at_0.85"]))
+    lines += [f"{name:<24}{_figure(p):>12}{_figure(r):>12}" for name, p, r in rows]
     if "util_sum_best" not in cv:
         lines.append("(no utilisation-sum baseline: the records carry no gpu_util)")
-    if chosen["gate_heldout_precision_at_0.85"] < target - 1e-9:
+    held = chosen["gate_heldout_precision_at_0.85"]
+    if held is None or held < target - 1e-9:
         lines.append(
             f"warning: at floor 0.85 no threshold kept precision {target:.2f} on held-out "
             "families; the gate runs at the one that came closest and will admit little "
@@ -210,6 +212,11 @@ def training_summary(cv: dict[str, Any], checks: dict[str, Any]) -> list[str]:
             + (f"dropped {', '.join(dropped)} (cost accuracy)" if dropped else "all kept")
         )
     return lines
+
+
+def _figure(value: float | None) -> str:
+    """A precision or recall to 4 places; "-" where nothing was admitted to measure."""
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _train_from_node(ctx: click.Context) -> None:
@@ -317,6 +324,9 @@ def evaluate(
     from agent.estimator.report import write
 
     _lines, records = _read(data, need_retention=True)
+    if not records:
+        click.echo(f"gpushare: {data}: no records to evaluate on", err=True)
+        sys.exit(exits.CONFIG)
     model = _load(model_dir, coverage)
     result = run(model, records, gate_precision)
     if report is not None:

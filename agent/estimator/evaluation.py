@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from agent.estimator.operating import threshold_for
 from agent.estimator.records import Record, Workload, counters_at_share
 
 FLOORS = (0.8, 0.9)
@@ -98,34 +99,35 @@ def fixed_gate(truth: npt.ArrayLike, admitted: npt.ArrayLike) -> dict[str, float
 
 def baselines(
     records: Sequence[Record], truth: npt.ArrayLike, precision: float = 0.95
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, float | None]]:
     """The applicable baselines on labelled records (see the module's docstring)."""
     t = np.asarray(truth, dtype=np.float64)
-    result = {"admit_all": fixed_gate(t, np.ones(t.shape, dtype=bool))}
+    result: dict[str, dict[str, float | None]] = {
+        "admit_all": dict(fixed_gate(t, np.ones(t.shape, dtype=bool)))
+    }
     if not util_rule_applies(records):
         return result
     sums = np.asarray([util_sum(r) for r in records])
     rule = np.asarray([rule_of_sum(s) for s in sums])
     result["util_sum_rule"] = {**scores(t, rule), **gate(t, rule)}
-    result["util_sum_120"] = fixed_gate(t, sums <= UTIL_SUM_LIMIT)
+    result["util_sum_120"] = dict(fixed_gate(t, sums <= UTIL_SUM_LIMIT))
     result["util_sum_best"] = best_limit(t, sums, precision)
     return result
 
 
 def best_limit(
     truth: npt.NDArray[np.float64], sums: npt.ArrayLike, precision: float
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """Precision, recall and limit of "sum <= T" at each of ``GATE_FLOORS``, T the highest
     limit that reaches ``precision`` on these records (none: nothing admitted)."""
-    from agent.estimator.operating import threshold_for
-
     negated = -np.asarray(sums, dtype=np.float64)
-    result = {}
+    result: dict[str, float | None] = {}
     for floor in GATE_FLOORS:
         threshold, reached, recall = threshold_for(negated, truth >= floor, precision)
-        result[f"gate_precision_at_{floor}"] = reached
+        # no limit reaches the precision: it admits nothing, and shows no precision
+        result[f"gate_precision_at_{floor}"] = reached if threshold is not None else None
         result[f"gate_recall_at_{floor}"] = recall
-        result[f"limit_at_{floor}"] = -threshold if threshold is not None else 0.0
+        result[f"limit_at_{floor}"] = -threshold if threshold is not None else None
     return result
 
 

@@ -18,9 +18,17 @@ model must get right here), grouped by workload family:
 - the **current** model predicts the node's records as it is (it may have learnt from them
   in an earlier swap: that only favours it); without a model, the gate's fallback rule.
 
-The candidate replaces the current model only when its MAE on the node's records is lower
-by at least ``MIN_GAIN`` (relative) **and** its gate at floor 0.85 is no less precise
-(less ``PRECISION_SLACK``) than the current one's or reaches the wanted precision.
+The candidate replaces the current model only when, on the node's records, its MAE is
+lower by at least ``MIN_GAIN`` (relative), its gate at floor 0.85 is at least as precise as
+the lower of the current gate's precision and the wanted one (less ``PRECISION_SLACK``),
+and it admits at least as many of the sets that keep the floor (less ``RECALL_SLACK``)
+unless it is more precise, and some where the current gate admits some: a lower error never
+buys a gate that breaks its precision or stops admitting.
+
+Retention means one thing in both sets: node records set a lease's rate next to others
+against its rate *alone at its own share* (the node never sees it on the whole device), so
+base records are used only where their target runs at full threads, where "alone at its
+share" and "alone on the device" are the same run.
 ``outcome.reason`` is one sentence for the event; ``outcome.figures`` the numbers.
 """
 
@@ -51,6 +59,7 @@ from agent.estimator.training import (
 
 MIN_GAIN = 0.02  # relative MAE the candidate must win by
 PRECISION_SLACK = 0.02
+RECALL_SLACK = 0.05
 GATE_FLOOR = 0.85
 FIT_FOLDS = 5  # grouped folds of the candidate's own training (bounded time on a node)
 
@@ -74,7 +83,7 @@ def retrain(
     seed: int = 0,
 ) -> Retrained:
     node = [r for r in node_records if r.retention is not None]
-    base = [r for r in base_records if r.retention is not None]
+    base = [r for r in base_records if r.retention is not None and r.target.thread_pct >= 100.0]
     figures: dict[str, float] = {"node_records": float(len(node)), "base_records": float(len(base))}
     if not node:
         return Retrained(False, "no run records from this node yet", figures)
@@ -89,7 +98,7 @@ def retrain(
     candidate = _candidate_on_node(result, base, node, trees, seed, gate_precision)
     figures.update(candidate)
     figures.update(_current_on_node(current, node, gate_precision))
-    swapped, reason = _verdict(figures, gate_precision)
+    swapped, reason = verdict(figures, gate_precision)
     return Retrained(swapped, reason, figures, result if swapped else None, everything)
 
 
@@ -110,7 +119,8 @@ def _candidate_on_node(
     for family in sorted(set(families)):
         held = np.asarray([f == family for f in families])
         rest = base + [r for r, f in zip(node, families, strict=True) if f != family]
-        if len({family_of(r.target) for r in rest}) < 1:
+        if not rest:  # the node's only family and no base records: nothing to fit on
+            mean[held] = float(np.mean(y_node))
             continue
         x = matrix(rest, result.names)
         y = np.asarray([r.retention for r in rest], dtype=np.float64)
@@ -161,7 +171,8 @@ def _current_on_node(
     }
 
 
-def _verdict(figures: dict[str, float], precision: float) -> tuple[bool, str]:
+def verdict(figures: dict[str, float], precision: float) -> tuple[bool, str]:
+    """Whether the candidate replaces the current model, and why (see the module)."""
     current, candidate = figures["current_mae"], figures["candidate_mae"]
     if not candidate < current * (1 - MIN_GAIN):
         return False, (
@@ -174,6 +185,17 @@ def _verdict(figures: dict[str, float], precision: float) -> tuple[bool, str]:
             f"the candidate's gate at floor {GATE_FLOOR} is less precise on this node's "
             f"records ({figures['candidate_precision']:.3f}) than the current one's "
             f"({figures['current_precision']:.3f})"
+        )
+    recall, was = figures["candidate_recall"], figures["current_recall"]
+    stops = recall == 0.0 < was
+    loses = recall < was - RECALL_SLACK
+    if stops or (
+        loses and figures["candidate_precision"] <= figures["current_precision"] + PRECISION_SLACK
+    ):
+        return False, (
+            f"the candidate's gate at floor {GATE_FLOOR} admits fewer of this node's good "
+            f"sets ({figures['candidate_recall']:.3f}) than the current one's "
+            f"({figures['current_recall']:.3f})"
         )
     return True, (
         f"the candidate's MAE on this node's records is {candidate:.4f} against "

@@ -84,10 +84,6 @@ class RetentionModel:
         return cls(regressor, list(metadata["features"]), metadata)
 
     @property
-    def forest(self) -> Regressor:
-        return self.regressor
-
-    @property
     def kind(self) -> str:
         return str(self.metadata.get("regressor", "forest"))
 

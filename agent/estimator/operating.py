@@ -16,9 +16,11 @@ distributions, each steeper or flatter, broke that order at the band edges and c
 gate recall at the same precision (on the synthetic worlds, 3 to 5 points).
 
 **The threshold.** For each floor of ``FLOORS`` and each precision of ``PRECISIONS``,
-training computes every record's out-of-family probability (each family's from the other
-families' scores only), and picks the lowest threshold whose admitted records (probability
-at or above it) keep the floor in at least that share: the most recall at that precision.
+training computes every record's probability from its out-of-family estimate (and the
+distribution of all out-of-family scores: a monotone map, so the threshold is one on
+``(m - floor) / (s + eps)``), and picks the lowest threshold whose admitted records
+(probability at or above it) keep the floor in at least that share: the most recall at
+that precision.
 Where no threshold reaches it, the gate admits nothing at that floor (``None``). Whether
 the precision holds on a family the threshold never saw is measured too
 (``heldout_precision``): each family's threshold is chosen from the other families.
@@ -125,7 +127,9 @@ def operating_points(
 
 def _heldout(
     p: FloatArray, good: npt.NDArray[np.bool_], labels: npt.NDArray[Any], precision: float
-) -> tuple[float, float]:
+) -> tuple[float | None, float]:
+    """Precision (None: nothing was admitted, so nothing was shown) and recall when each
+    family's threshold is chosen from the other families' records."""
     taken = np.zeros(p.shape, dtype=bool)
     for group in np.unique(labels):
         inside = labels == group
@@ -134,7 +138,7 @@ def _heldout(
             continue
         threshold, _p, _r = threshold_for(p[others], good[others], precision)
         taken[inside] = admitted(p[inside], threshold)
-    held_precision = float(good[taken].mean()) if taken.any() else 1.0
+    held_precision = float(good[taken].mean()) if taken.any() else None
     held_recall = float(taken[good].mean()) if good.any() else 1.0
     return held_precision, held_recall
 
@@ -142,18 +146,24 @@ def _heldout(
 def column_for(gate: Mapping[str, Any], row: int, precision: float) -> int:
     """The precision column the gate runs at for floor ``row`` and a wanted precision: the
     lowest stored precision at or above it whose threshold, chosen without each family,
-    kept the wanted precision on that family's records (``heldout_precision``); when none
-    did, the column whose held-out precision came closest."""
+    kept the wanted precision on that family's records (``heldout_precision``; a column that
+    admitted nothing held out showed nothing); when none did, the column whose held-out
+    precision came closest."""
     precisions = list(gate["precisions"])
     held = gate.get("heldout_precision")
     columns = [c for c, level in enumerate(precisions) if level >= precision - 1e-9]
     columns = columns or [len(precisions) - 1]
     if held is None:
         return columns[0]
+
+    def shown(column: int) -> float:
+        value = held[row][column]
+        return -1.0 if value is None else float(value)
+
     for column in columns:
-        if held[row][column] >= precision - 1e-9:
+        if shown(column) >= precision - 1e-9:
             return column
-    return max(columns, key=lambda c: (held[row][c], -c))
+    return max(columns, key=lambda c: (shown(c), -c))
 
 
 def threshold_at(gate: Mapping[str, Any], floor: float, precision: float) -> float | None:
@@ -176,8 +186,15 @@ def _neighbours(floors: Sequence[float], floor: float) -> list[int]:
     return [above] if abs(floors[above] - floor) < 1e-9 else [above - 1, above]
 
 
-def at(gate: Mapping[str, Any], key: str, floor: float, precision: float) -> Any:
+def at(
+    gate: Mapping[str, Any], key: str, floor: float, precision: float, *, chosen: bool = True
+) -> Any:
     """A stored figure (``cv_precision``, ``heldout_recall``, ...) at the stored floor
-    nearest ``floor``, in the column the gate runs at for ``precision``."""
+    nearest ``floor``, in the column the gate runs at for ``precision`` (``chosen=False``:
+    in that precision's own column, before the held-out check moved it)."""
     row = min(range(len(gate["floors"])), key=lambda i: abs(gate["floors"][i] - floor))
-    return gate[key][row][column_for(gate, row, precision)]
+    if chosen:
+        return gate[key][row][column_for(gate, row, precision)]
+    precisions = list(gate["precisions"])
+    own = next((c for c, v in enumerate(precisions) if v >= precision - 1e-9), -1)
+    return gate[key][row][own]

@@ -216,12 +216,16 @@ def markdown(metrics: dict[str, Any], model: RetentionModel, data_name: str) -> 
         for name, values in rows:
             if f"gate_precision_at_{floor}" in values:
                 lines.append(
-                    f"| {name} | {floor} | {values[f'gate_precision_at_{floor}']:.3f} "
-                    f"| {values[f'gate_recall_at_{floor}']:.3f} |"
+                    f"| {name} | {floor} | {_cell(values[f'gate_precision_at_{floor}'])} "
+                    f"| {_cell(values[f'gate_recall_at_{floor}'])} |"
                 )
     lines += ["", "![gate](gate.png) ![predicted against true](predicted_vs_true.png)", ""]
     lines += history_lines(meta)
     return "\n".join(lines)
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def history_lines(meta: dict[str, Any]) -> list[str]:
@@ -244,7 +248,8 @@ def history_lines(meta: dict[str, Any]) -> list[str]:
             f"| {at} | {entry.get('node_records', '?')} "
             f"| {entry.get('families', '?')} | {'yes' if entry.get('swapped') else 'no'} "
             f"| {figures.get('current_mae', float('nan')):.4f} "
-            f"| {figures.get('candidate_mae', float('nan')):.4f} | {entry.get('reason', '')} |"
+            f"| {figures.get('candidate_mae', float('nan')):.4f} "
+            f"| {str(entry.get('reason', '')).replace('|', '/')} |"
         )
     return [*lines, ""]
 

@@ -98,7 +98,7 @@ class OutOfFamily:
 
 
 def forest_for(
-    names: Sequence[str], trees: int, seed: int, constraints: Sequence[int] | None = None
+    trees: int, seed: int, constraints: Sequence[int] | None = None
 ) -> RandomForestRegressor:
     return RandomForestRegressor(
         n_estimators=trees,
@@ -206,6 +206,14 @@ def gate_figures(points: dict[str, Any], precision: float) -> dict[str, Any]:
         result[f"gate_threshold_at_{floor}"] = operating.at(points, "threshold", floor, precision)
         for key in ("cv_precision", "cv_recall", "heldout_precision", "heldout_recall"):
             result[f"gate_{key}_at_{floor}"] = operating.at(points, key, floor, precision)
+        # the wanted precision's own column: its held-out figures did not choose it
+        for key in ("heldout_precision", "heldout_recall"):
+            result[f"gate_{key}_own_column_at_{floor}"] = operating.at(
+                points, key, floor, precision, chosen=False
+            )
+        precisions = list(points["precisions"])
+        row = list(points["floors"]).index(floor)
+        result[f"gate_column_at_{floor}"] = precisions[operating.column_for(points, row, precision)]
     return result
 
 
@@ -244,10 +252,9 @@ def forest_out_of_family(
     seed: int,
     constraints: Sequence[int],
 ) -> OutOfFamily:
-    names = [""] * x.shape[1]
     result = _empty(y)
     for fold, (train_idx, test_idx) in enumerate(_splitter(groups, splits).split(x, y, groups)):
-        forest = forest_for(names, trees, seed, constraints).fit(x[train_idx], y[train_idx])
+        forest = forest_for(trees, seed, constraints).fit(x[train_idx], y[train_idx])
         per_tree = CompiledForest.from_sklearn(forest).tree_predictions(x[test_idx])
         result.mean[test_idx] = per_tree.mean(axis=1)
         result.spread[test_idx] = per_tree.std(axis=1)
@@ -314,7 +321,12 @@ def choose_constraints(
     while len(dropped) < len(by_group):
         trials = {g: mae(dropped | {g}) for g in sorted(set(by_group) - dropped)}
         for group, error in trials.items():
-            checks[group] = {"kept": True, "features": len(by_group[group]), "mae_without": error}
+            checks[group] = {
+                "kept": True,
+                "features": len(by_group[group]),
+                "mae_without": error,  # with the groups dropped before this round
+                "round": len(dropped) + 1,
+            }
         best = min(trials, key=lambda g: trials[g])
         if trials[best] >= current * (1 - CONSTRAINT_TOLERANCE):
             break
@@ -336,7 +348,7 @@ def fit_winner(
 ) -> tuple[RandomForestRegressor | None, LinearModel | None]:
     if winner == "linear":
         return None, LinearModel.fit(x, y)
-    return forest_for(names, trees, seed, constraints).fit(x, y), None
+    return forest_for(trees, seed, constraints).fit(x, y), None
 
 
 def data_hash(lines: Sequence[str]) -> str:

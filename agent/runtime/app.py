@@ -31,7 +31,8 @@ from agent.runtime import checks, drastart, effective, kubelet, listeners, signa
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
-from agent.runtime.learner import NodeLearning, adopt_learned, start_learning
+from agent.runtime.learned import adopt_learned
+from agent.runtime.learner import NodeLearning, start_learning
 from agent.runtime.lock import InstanceLock
 from agent.runtime.memory import tune_gc
 from agent.runtime.node import NodeService

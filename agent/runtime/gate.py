@@ -81,7 +81,11 @@ def _model_name(model: RetentionModel, precision: float) -> str:
     lower = f"lower estimate at {model.coverage:.0%} coverage" if model.coverage else ""
     if not model.has_operating_point:
         return f"{name}, gate on the {lower or 'lower estimate'} (no operating point: retrain it)"
-    return f"{name}, gate on P(retention >= floor) at precision {precision:.2f}, {lower}"
+    return ", ".join(
+        part
+        for part in (name, f"gate on P(retention >= floor) at precision {precision:.2f}", lower)
+        if part
+    )
 
 
 class _Shared:
@@ -230,6 +234,11 @@ class ProfileGate:
                     f"solo speed, under its floor {floor:.2f} ({self.name})",
                 )
         return RetentionVerdict(True, named, self.name)
+
+    def lease_workload(self, lease: Lease) -> Workload:
+        """A lease as the gate sees it: its solo signature, with its profile's counters at
+        MPS shares (what the node's run records must carry too)."""
+        return self._lease_workload(lease)
 
     def _lease_workload(self, lease: Lease) -> Workload:
         return _workload(

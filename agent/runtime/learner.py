@@ -5,40 +5,33 @@
   asked while one runs, :class:`ConflictError` "a retrain is running". Training runs on a
   daemon thread, off the event loop: a stop does not wait for it.
 - Fewer than ``estimator.retrain_min_records`` node records: no training; the answer says so.
-- A model swapped in is written under ``<state_dir>/estimator/learned/<name>/`` (into a
-  staging folder renamed into place, so a crash never leaves half a model), named in
-  ``learned/active`` (replaced atomically) and given to the gate (admission and Explain use
-  it from the next decision on). At start, the active learned model is used instead of
-  ``estimator.model_dir``. The newest ``MODELS_KEPT`` learned models are kept.
+- A model swapped in is saved and named active (``agent.runtime.learned``: where learned
+  models and the history live on disk) and given to the gate (admission and Explain use it
+  from the next decision on). At start, the active learned model is used instead of
+  ``estimator.model_dir``.
 - Every attempt is an event: ``estimator.retrained`` (swapped) or ``estimator.kept``, with
-  the reason and the figures. Attempts that trained are kept in
-  ``<state_dir>/estimator/history.json`` (the newest ``HISTORY_KEPT``) and saved with each
-  learned model.
+  the reason and the figures. Attempts that trained are kept in the history and saved with
+  each learned model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import secrets
-import shutil
 import threading
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.config.settings import EstimatorSettings
-from agent.core.errors import ConfigError, ConflictError, GpushareError, ValidationError
+from agent.core.errors import ConfigError, ConflictError, ValidationError
 from agent.core.types import RetrainAnswer
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record, family_of, parse_lines
 from agent.runtime.events import EventLog
 from agent.runtime.gate import ProfileGate
+from agent.runtime.learned import HISTORY_KEPT, install, read_history, write_history
 from agent.runtime.progress import ProgressTracker
 from agent.runtime.runrecords import RunRecorder
 from agent.state.port import RunRecordRow, StateStore
@@ -49,48 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-HISTORY_KEPT = 200
-MODELS_KEPT = 3
-ACTIVE = "active"
-
-
-def learned_root(state_dir: str) -> Path:
-    return Path(state_dir) / "estimator" / "learned"
-
-
-def history_path(state_dir: str) -> Path:
-    return Path(state_dir) / "estimator" / "history.json"
-
-
-def active_learned(state_dir: str) -> Path | None:
-    """The folder of the model learned on this node and in use, else None."""
-    root = learned_root(state_dir)
-    try:
-        name = (root / ACTIVE).read_text().strip()
-    except FileNotFoundError:
-        return None
-    return root / name if name else None
-
-
-def adopt_learned(gate: ProfileGate, state_dir: str) -> Path | None:
-    """At start: the model learned on this node, if any, replaces the configured one in
-    the gate. Its folder (None: none, or one that does not load)."""
-    found = load_learned(state_dir)
-    if found is None:
-        return None
-    gate.use_model(found[0])
-    return found[1]
-
-
-def load_learned(state_dir: str) -> tuple[RetentionModel, Path] | None:
-    """The active learned model (None without one; a model that does not load is logged
-    and left aside: the configured one is used)."""
-    try:
-        path = active_learned(state_dir)
-        return (RetentionModel.load(path), path) if path is not None else None
-    except (OSError, ValidationError) as exc:
-        log.warning("the model learned on this node does not load (%s): using the configured", exc)
-        return None
 
 
 class BaseRecords:
@@ -135,22 +86,10 @@ def parse_rows(rows: Sequence[RunRecordRow]) -> list[Record]:
     return records
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    staging = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    with open(staging, "w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(staging, path)
-    _sync_dir(path.parent)
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _log_failure(task: asyncio.Task[RetrainAnswer]) -> None:
+    """An attempt whose caller went away still has its failure said (and retrieved)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a retrain failed: %s", task.exception())
 
 
 async def _nothing_waits() -> bool:
@@ -206,34 +145,28 @@ class Learner:
         self._clock = clock
         self.base = BaseRecords(settings.base_data)
         self.history: list[dict[str, Any]] = []
-        self._running = False
+        self._running: asyncio.Task[RetrainAnswer] | None = None
 
     async def start(self) -> None:
         """Check ``estimator.base_data`` (ConfigError) and read the history."""
         await asyncio.to_thread(self.base.check)
-        self.history = await asyncio.to_thread(self._read_history)
-
-    def _read_history(self) -> list[dict[str, Any]]:
-        try:
-            found = json.loads(history_path(self._state_dir).read_text())
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            log.warning("the retrain history does not read (%s): starting a new one", exc)
-            return []
-        return [x for x in found if isinstance(x, dict)] if isinstance(found, list) else []
+        self.history = await asyncio.to_thread(read_history, self._state_dir)
 
     # -- one attempt -----------------------------------------------------------------------
 
     async def retrain(self) -> RetrainAnswer:
-        """Retrain now; ConflictError while another retrain runs."""
-        if self._running:
+        """Retrain now; ConflictError while another retrain runs. The attempt is a task of
+        its own: a caller that goes away (a deadline, a cancelled RPC) leaves it to end,
+        swap, write its history and tell its event, and no second attempt starts before it
+        has (only the agent's stop, which ends the event loop, cuts it)."""
+        if self._running is not None and not self._running.done():
             raise ConflictError("a retrain is running")
-        self._running = True
-        try:
-            answer = await self._attempt()
-        finally:
-            self._running = False
+        self._running = asyncio.create_task(self._attempt_and_tell(), name="estimator-attempt")
+        self._running.add_done_callback(_log_failure)
+        return await asyncio.shield(self._running)
+
+    async def _attempt_and_tell(self) -> RetrainAnswer:
+        answer = await self._attempt()
         self._tell(answer)
         return answer
 
@@ -254,7 +187,10 @@ class Learner:
         if outcome.swapped:
             model_dir = await self._swap(outcome)
             attempt.update(swapped=outcome.swapped, reason=outcome.reason)
-        await asyncio.to_thread(self._write_history)
+        try:
+            await asyncio.to_thread(write_history, self._state_dir, self.history)
+        except OSError as exc:  # the attempt stands (and its model, if swapped in)
+            log.warning("the retrain history could not be written: %s", exc)
         figures = {k: float(v) for k, v in outcome.figures.items()}
         return RetrainAnswer(outcome.swapped, outcome.reason, len(rows), figures, model_dir)
 
@@ -262,7 +198,13 @@ class Learner:
         """Save the new model and give it to the gate; the folder it is in. A model that
         cannot be saved is not swapped in (``outcome`` says so)."""
         try:
-            model, path = await asyncio.to_thread(self._install, outcome)
+            model, path = await asyncio.to_thread(
+                install,
+                outcome,
+                self._state_dir,
+                history=list(self.history),
+                clock=self._clock,
+            )
         except (OSError, ValueError, ValidationError) as exc:
             log.exception("the retrained model could not be saved")
             outcome.swapped = False
@@ -303,44 +245,8 @@ class Learner:
         }
         self.history.append(attempt)
         del self.history[:-HISTORY_KEPT]
+
         return attempt
-
-    def _write_history(self) -> None:
-        path = history_path(self._state_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, json.dumps(self.history, indent=1))
-
-    # -- swapping a model in ---------------------------------------------------------------
-
-    def _install(self, outcome: Retrained) -> tuple[RetentionModel, Path]:
-        """On a thread: save the model into a staging folder, rename it into place, load
-        it back, and name it active."""
-        from agent.estimator.learning import save_learned
-
-        root = learned_root(self._state_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-        name = f"{name}-{secrets.token_hex(3)}"
-        staging, final = root / f".staging-{name}", root / name
-        saved = save_learned(outcome, staging, history=list(self.history))
-        inside = saved.resolve().relative_to(staging.resolve())
-        os.rename(staging, final)
-        _sync_dir(root)
-        path = final / inside
-        model = RetentionModel.load(path)
-        _write_atomically(root / ACTIVE, str(path.relative_to(root)))
-        self._prune(root, keep=final)
-        return model, path
-
-    @staticmethod
-    def _prune(root: Path, *, keep: Path) -> None:
-        """Leave the newest MODELS_KEPT learned models (the active one always), and no
-        staging folder a crash left."""
-        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        for old in [p for p in folders[:-MODELS_KEPT] if p != keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for staging in root.glob(".staging-*"):
-            shutil.rmtree(staging, ignore_errors=True)
 
     # -- telling ---------------------------------------------------------------------------
 
@@ -370,8 +276,8 @@ class Learner:
                 await self.retrain()
             except ConflictError:
                 log.info("periodic retrain skipped: a retrain is running")
-            except GpushareError as exc:
-                log.warning("periodic retrain failed: %s", exc)
+            except Exception:  # the next round tries again
+                log.exception("periodic retrain failed")
 
 
 @dataclass
@@ -388,7 +294,7 @@ async def start_learning(app: App) -> NodeLearning:
     assert app.node is not None and app.sampler is not None
     e, state_dir = app.settings.estimator, app.settings.paths.state_dir
     tracker = ProgressTracker(
-        clock=app.monotonic, min_span_s=e.progress_window_s, counters_of=app.gate.lease_counters
+        clock=app.monotonic, min_span_s=e.progress_window_s, workload_of=app.gate.lease_workload
     )
     recorder = RunRecorder(
         tracker, store=app.store, devices=app.devices, ledger=app.node.ledger, clock=app.clock
@@ -406,7 +312,8 @@ async def start_learning(app: App) -> NodeLearning:
     recorder.start()
     app.events.on_publish.append(recorder.on_published)
     app.sampler.listeners.append(recorder.on_window)
-    app.supervisor.spawn("run-records-writer", recorder.writer())
+    # not core: a store failure writing run records must not stop the agent's admissions
+    app.supervisor.spawn("run-records-writer", recorder.writer(), core=False)
     if e.retrain_interval_s > 0:
         app.supervisor.spawn(
             "estimator-retrain", learner.periodic(e.retrain_interval_s), core=False

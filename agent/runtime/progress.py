@@ -11,12 +11,13 @@ one. A lease's rate in a window is ``(units at its last report - units at its fi
 - A window where it ran next to other leases, with a rate, becomes one run record once a
   solo rate of the lease is known: when the window closes if one is, else as soon as a
   later solo window gives one (such windows wait, at most ``pending_per_lease`` per lease,
-  the oldest dropped first). The record's retention is ``rate / solo rate``, clipped to
-  [0, 2].
+  the oldest dropped first). The record's retention is ``rate / solo rate``; a window
+  faster than twice its solo rate (a solo rate measured in a warm-up) makes no record.
 - When a lease ends, what is known of it is forgotten (its waiting windows too).
 
-A record describes the target and its peers by their solo signatures (``counters_of``: the
-retention gate's, from the request's counters or profile), the device by its model and
+A record describes the target and its peers by their solo signatures (``workload_of``: the
+retention gate's, from the request's counters or profile, with the profile's counters at
+MPS shares: what the gate reads at admission), the device by its model and
 memory, and the device's telemetry by the mean of the telemetry windows that fell wholly
 inside the composition window (none: no device counters).
 """
@@ -97,8 +98,11 @@ def family_of(lease: Lease) -> str:
     return lease.profile or lease.workload or UNKNOWN_FAMILY
 
 
-def retention(rate_per_s: float, solo_rate_per_s: float) -> float:
-    return round(min(RETENTION_MAX, max(0.0, rate_per_s / solo_rate_per_s)), 4)
+def retention(rate_per_s: float, solo_rate_per_s: float) -> float | None:
+    """``rate / solo rate``; None past ``RETENTION_MAX``: no co-location doubles a speed,
+    so the solo rate was not one (a warm-up)."""
+    value = max(0.0, rate_per_s / solo_rate_per_s)
+    return round(value, 4) if value <= RETENTION_MAX else None
 
 
 class ProgressTracker:
@@ -107,12 +111,12 @@ class ProgressTracker:
         *,
         clock: Callable[[], float],
         min_span_s: float,
-        counters_of: Callable[[Lease], Mapping[str, float]],
+        workload_of: Callable[[Lease], Workload],
         pending_per_lease: int = PENDING_PER_LEASE,
     ) -> None:
         self._clock = clock
         self._min_span_s = min_span_s
-        self._counters_of = counters_of
+        self._workload_of = workload_of
         self._pending_per_lease = pending_per_lease
         self._windows: dict[str, _Window] = {}  # by device UUID
         self._device_of: dict[str, str] = {}  # lease id -> the device of its open window
@@ -244,23 +248,28 @@ class ProgressTracker:
 
     def _record(self, colocated: _Colocated, solo_rate_per_s: float) -> None:
         target = colocated.target
+        kept = retention(colocated.rate_per_s, solo_rate_per_s)
+        if kept is None:
+            return
         record = Record(
             colocated.device.model,
             colocated.device.memory_bytes,
             self._workload(target),
             tuple(self._workload(x) for x in colocated.peers),
             colocated.device_counters,
-            retention(colocated.rate_per_s, solo_rate_per_s),
+            kept,
         )
         self._made[target.lease_id] = self._made.get(target.lease_id, 0) + 1
         self.records_total += 1
         self._outbox.append(NodeRecord(target.lease_id, family_of(target), record))
 
     def _workload(self, lease: Lease) -> Workload:
+        signature = self._workload_of(lease)
         return Workload(
             lease.profile or lease.workload or lease.lease_id,
             lease.thread_pct,
             lease.memory_bytes,
-            dict(self._counters_of(lease)),
-            family=family_of(lease),
+            dict(signature.counters),
+            family_of(lease),
+            dict(signature.share_counters),
         )

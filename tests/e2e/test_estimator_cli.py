@@ -104,6 +104,13 @@ def test_training_without_gpu_util_names_no_utilisation_rule(tmp_path: Path) -> 
     assert "no utilisation-sum baseline: the records carry no gpu_util" in trained.stdout
 
 
+def test_evaluate_refuses_a_file_without_records(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = run("evaluate", "--model", str(DEFAULT_MODEL_DIR), "--data", str(empty))
+    assert result.returncode == 2 and "no records to evaluate on" in result.stderr
+
+
 def test_train_needs_data_and_out_or_the_node(tmp_path: Path) -> None:
     alone = run("train", "--out", str(tmp_path / "m"))
     assert alone.returncode == 2 and "give --data and --out" in alone.stderr

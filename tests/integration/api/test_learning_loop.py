@@ -26,7 +26,7 @@ from agent.estimator.model import RetentionModel
 from agent.estimator.records import Workload, to_json
 from agent.estimator.training import save, train
 from agent.runtime.app import App
-from agent.runtime.learner import active_learned, history_path
+from agent.runtime.learned import active_learned, history_path
 from agent.sim.contention import Load, retentions
 from agent.sim.synth import runs, workloads
 from tests.helpers import FakeClock, running_app, short_dir, sim_settings

@@ -84,3 +84,49 @@ def test_without_a_model_the_candidate_is_judged_against_the_fallback_rule(
     figures = outcome.figures
     assert all(np.isfinite(v) for v in figures.values()), figures
     assert outcome.swapped and figures["candidate_mae"] < figures["current_mae"]
+
+
+BETTER = {
+    "current_mae": 0.10,
+    "candidate_mae": 0.05,
+    "current_precision": 0.96,
+    "candidate_precision": 0.95,
+    "current_recall": 0.80,
+    "candidate_recall": 0.82,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "swapped", "why"),
+    [
+        ({}, True, "against"),
+        ({"candidate_mae": 0.099}, False, "not at least 2% under"),  # 1% better: noise
+        ({"candidate_mae": 0.12}, False, "not at least 2% under"),
+        ({"candidate_precision": 0.92}, False, "less precise"),
+        # the current gate is imprecise: the candidate need only match it, less the slack
+        ({"current_precision": 0.80, "candidate_precision": 0.79}, True, "against"),
+        # a gate that stops admitting is not bought with a lower error
+        ({"candidate_recall": 0.0, "candidate_precision": 1.0}, False, "admits fewer"),
+        ({"candidate_recall": 0.76}, True, "against"),  # within the recall slack
+        ({"candidate_recall": 0.6}, False, "admits fewer"),  # fewer, and no more precise
+        # fewer, but far more precise than a gate that was wrong half the time
+        (
+            {"current_precision": 0.5, "candidate_recall": 0.42, "candidate_precision": 0.94},
+            True,
+            "against",
+        ),
+    ],
+)
+def test_the_verdict(change: dict[str, float], swapped: bool, why: str) -> None:
+    from agent.estimator.learning import verdict
+
+    got, reason = verdict({**BETTER, **change}, 0.95)
+    assert got is swapped and why in reason
+
+
+def test_base_records_mix_in_only_at_full_threads(node_records: list[Record]) -> None:
+    base = runs(60, seed=5, workload_count=8)
+    full = [r for r in base if r.target.thread_pct >= 100]
+    assert 0 < len(full) < len(base)
+    outcome = retrain(None, node_records, base, trees=10)
+    assert outcome.figures["base_records"] == len(full)

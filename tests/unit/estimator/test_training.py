@@ -193,3 +193,47 @@ def test_one_family_cannot_be_cross_validated() -> None:
     ]
     with pytest.raises(ValidationError, match="two workload families"):
         train(records, trees=5)
+
+
+@pytest.mark.parametrize(
+    ("name", "group"),
+    [
+        ("x.headroom", "headroom"),
+        ("p.count", "count"),
+        ("x.threads_total", "threads"),
+        ("x.threads_over", "threads"),
+        ("p.thread_pct_sum", "threads"),
+        ("x.mem_peers", "memory"),
+        ("p.memory_frac_sum", "memory"),
+        ("p.sum.fb_used_bytes", "memory"),
+        ("x.dram_total", "memory_system"),
+        ("x.l2_peers", "memory_system"),
+        ("x.memsys_total", "memory_system"),
+        ("p.max.mem_util", "memory_system"),
+        ("x.sm_total", "compute"),
+        ("x.util_sum", "compute"),
+        ("p.sum.gpu_util", "compute"),
+        ("t.gpu_util", None),  # no constraint: no group
+        ("x.sm_share", None),
+    ],
+)
+def test_constraint_groups(name: str, group: str | None) -> None:
+    from agent.estimator.training import constraint_group
+
+    assert constraint_group(name) == group
+
+
+def test_fold_figures_set_each_fold_against_its_own_mean() -> None:
+    from agent.estimator.training import OutOfFamily, fold_figures
+
+    y = np.asarray([1.0, 0.0, 1.0, 0.0, 0.5, 0.5])
+    oof = OutOfFamily(
+        mean=np.asarray([0.9, 0.1, 0.5, 0.5, 0.5, 0.5]),
+        spread=np.zeros(6),
+        fold=np.asarray([0, 0, 1, 1, 2, 2]),
+        fold_mean=np.asarray([0.5, 0.5, 0.5, 0.5, 0.4, 0.4]),
+    )
+    figures = fold_figures(y, oof)
+    # fold 0: 0.1 against 0.5; fold 1: 0.5 against 0.5 (not under); fold 2: 0 against 0.1
+    assert figures["count"] == 3 and figures["beating_mean"] == 2
+    assert figures["worst_mae_ratio"] == pytest.approx(1.0)

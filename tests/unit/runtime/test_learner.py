@@ -20,15 +20,15 @@ from agent.estimator.learning import Retrained
 from agent.estimator.model import DEFAULT_MODEL_DIR
 from agent.runtime.events import EventLog
 from agent.runtime.gate import ProfileGate
-from agent.runtime.learner import (
+from agent.runtime.learned import (
     ACTIVE,
     MODELS_KEPT,
-    Learner,
     active_learned,
-    in_daemon_thread,
     learned_root,
     load_learned,
+    prune,
 )
+from agent.runtime.learner import Learner, in_daemon_thread
 from agent.state.port import RunRecordRow
 
 RECORD = (
@@ -137,7 +137,7 @@ def test_only_the_newest_models_and_no_staging_folder_are_kept(tmp_path: Path) -
     names = [f"2026010{i}T000000Z-aaaaaa" for i in range(MODELS_KEPT + 2)]
     for name in [*names, ".staging-20260101T000000Z-bbbbbb"]:
         (root / name).mkdir(parents=True)
-    Learner._prune(root, keep=root / names[0])  # the active one stays, however old
+    prune(root, keep=root / names[0])  # the active one stays, however old
     left = sorted(p.name for p in root.iterdir())
     assert left == [names[0], *names[-MODELS_KEPT:]]
 
@@ -209,3 +209,44 @@ async def test_a_daemon_thread_hands_back_what_it_raised() -> None:
     with pytest.raises(KeyError):
         await in_daemon_thread(boom)
     assert await in_daemon_thread(sum, [1, 2]) == 3
+
+
+async def test_a_caller_that_goes_away_leaves_the_attempt_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow(*_args: Any, **_kwargs: Any) -> Retrained:
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=4)
+        return Retrained(False, "not better", {"candidate_mae": 0.2})
+
+    monkeypatch.setattr(learning, "retrain", slow)
+    made, events = learner(tmp_path)
+    caller = asyncio.create_task(made.retrain())
+    await asyncio.sleep(0.05)
+    caller.cancel()  # an RPC deadline, a client gone
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    with pytest.raises(ConflictError, match="a retrain is running"):
+        await made.retrain()  # the first attempt still runs: no second one beside it
+    release.set()
+    while not kinds(events):
+        await asyncio.sleep(0.01)
+    assert kinds(events) == [("estimator.kept", "not better")]
+    history = json.loads((tmp_path / "estimator" / "history.json").read_text())
+    assert [h["reason"] for h in history] == ["not better"]
+    monkeypatch.setattr(learning, "retrain", lambda *a, **k: Retrained(False, "again"))
+    assert (await made.retrain()).reason == "again", "the next attempt may start"
+
+
+async def test_a_history_that_cannot_be_written_leaves_the_attempt_standing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(learning, "retrain", lambda *a, **k: Retrained(False, "not better"))
+    made, events = learner(tmp_path)
+    (tmp_path / "estimator").mkdir()
+    (tmp_path / "estimator" / "history.json").mkdir()  # a folder where the file goes
+    answer = await made.retrain()
+    assert answer.reason == "not better"
+    assert kinds(events) == [("estimator.kept", "not better")]

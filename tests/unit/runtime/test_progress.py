@@ -14,7 +14,7 @@ from agent.core.errors import ValidationError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device, PriorityClass
 from agent.core.units import GIB
-from agent.estimator.records import parse_lines, to_json
+from agent.estimator.records import Workload, parse_lines, to_json
 from agent.runtime.progress import NodeRecord, ProgressTracker
 from tests.helpers import FakeClock
 
@@ -66,7 +66,9 @@ def tracker(clock: FakeClock, *, pending: int = 16) -> ProgressTracker:
     return ProgressTracker(
         clock=clock,
         min_span_s=MIN_SPAN_S,
-        counters_of=lambda x: {"sm_active": x.thread_pct / 100},
+        workload_of=lambda x: Workload(
+            "w", x.thread_pct, 0, {"sm_active": x.thread_pct / 100}, "", {50.0: {"sm_active": 0.4}}
+        ),
         pending_per_lease=pending,
     )
 
@@ -152,7 +154,7 @@ CASES = {
         "80 on A",
         [("A", ("B",), 0.5), ("A", ("B",), 1.0)],
     ),
-    "retention is clipped at 2": (f"{SOLO_FIRST} 40 A=1200; 40 on A", [("A", ("B",), 2.0)]),
+    "no record past twice the solo rate (a warm-up solo)": (f"{SOLO_FIRST} 40 A=1200; 40 on A", []),
     "no progress next to others is retention 0": (
         f"{SOLO_FIRST} 40 A=200; 40 on A",
         [("A", ("B",), 0.0)],
@@ -276,6 +278,8 @@ def test_a_record_describes_the_device_target_and_peers() -> None:
     assert (record.target.workload, record.target.family) == ("resnet50", "resnet50")
     assert (record.target.thread_pct, record.target.memory_bytes) == (25.0, 4 * GIB)
     assert record.target.counters == {"sm_active": 0.25}
+    # what the gate reads at admission: the profile's counters at MPS shares too
+    assert record.target.share_counters == {50.0: {"sm_active": 0.4}}
     [peer] = record.peers
     assert (peer.workload, peer.family) == ("pod:1234", "pod:1234")
     assert record.device_counters is None and record.retention == 0.5
