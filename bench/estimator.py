@@ -29,13 +29,14 @@ from sklearn.model_selection import GroupKFold
 from agent.estimator import calibration as cal
 from agent.estimator import operating
 from agent.estimator.compiled import CompiledForest
+from agent.estimator.crossval import forest_for
 from agent.estimator.evaluation import baselines, precision_recall
 from agent.estimator.features import counter_names, feature_names, monotonic
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record, Workload, family_of
 from agent.estimator.shares import runs as shares
 from agent.estimator.synthetic import runs as interference
-from agent.estimator.training import forest_for, matrix, save, train
+from agent.estimator.training import matrix, save, train
 from agent.sim.contention import Load, device_counters
 from agent.sim.default_model import RUNS, SEED
 from agent.sim.synth import runs

@@ -194,6 +194,13 @@ def training_summary(cv: dict[str, Any], checks: dict[str, Any]) -> list[str]:
     lines += [f"{name:<24}{_figure(p):>12}{_figure(r):>12}" for name, p, r in rows]
     if "util_sum_best" not in cv:
         lines.append("(no utilisation-sum baseline: the records carry no gpu_util)")
+    bases = cv.get("retention_bases", {})
+    if all(bases.get(b) for b in ("device", "share")):
+        lines.append(
+            f"warning: {bases['device']} records set retention against the whole device and "
+            f"{bases['share']} against the workload's own share: under 100% threads the two "
+            "mean different things (see retention_basis in docs/estimator.md)"
+        )
     held = chosen["gate_heldout_precision_at_0.85"]
     if held is None or held < target - 1e-9:
         lines.append(

@@ -26,9 +26,10 @@ unless it is more precise, and some where the current gate admits some: a lower 
 buys a gate that breaks its precision or stops admitting.
 
 Retention means one thing in both sets: node records set a lease's rate next to others
-against its rate *alone at its own share* (the node never sees it on the whole device), so
-base records are used only where their target runs at full threads, where "alone at its
-share" and "alone on the device" are the same run.
+against its rate *alone at its own share* (``retention_basis: share``; the node never sees
+it on the whole device), so base records are used where they say the same, or where their
+target runs at full threads and "alone at its share" and "alone on the device" are the same
+run.
 ``outcome.reason`` is one sentence for the event; ``outcome.figures`` the numbers.
 """
 
@@ -83,7 +84,7 @@ def retrain(
     seed: int = 0,
 ) -> Retrained:
     node = [r for r in node_records if r.retention is not None]
-    base = [r for r in base_records if r.retention is not None and r.target.thread_pct >= 100.0]
+    base = [r for r in base_records if r.retention is not None and _same_basis(r)]
     figures: dict[str, float] = {"node_records": float(len(node)), "base_records": float(len(base))}
     if not node:
         return Retrained(False, "no run records from this node yet", figures)
@@ -100,6 +101,12 @@ def retrain(
     figures.update(_current_on_node(current, node, gate_precision))
     swapped, reason = verdict(figures, gate_precision)
     return Retrained(swapped, reason, figures, result if swapped else None, everything)
+
+
+def _same_basis(record: Record) -> bool:
+    """Whether a base record's retention means what a node record's does: set against the
+    target alone at its own share; a "device" record at full threads is the same run."""
+    return record.retention_basis == "share" or record.target.thread_pct >= 100.0
 
 
 def _candidate_on_node(

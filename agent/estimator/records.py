@@ -70,6 +70,13 @@ class Record:
     peers: tuple[Workload, ...] = ()
     device_counters: Mapping[str, float] | None = None
     retention: float | None = None
+    # What retention is set against: "device", the target alone on the whole device (the
+    # default; `gpushare profile`'s solo runs), or "share", the target alone at its own
+    # thread share (the node's progress reports: the interference alone).
+    retention_basis: str = "device"
+
+
+BASES = ("device", "share")
 
 
 def parse_lines(lines: Iterable[str], *, need_retention: bool) -> list[Record]:
@@ -102,7 +109,14 @@ def parse_record(document: Any, where: str, *, need_retention: bool) -> Record:
         peers=tuple(_workload(p, f"{where}: peers[{i}]") for i, p in enumerate(peers)),
         device_counters=None if device is None else _counters(device, f"{where}: device_counters"),
         retention=retention,
+        retention_basis=_basis(body.get("retention_basis", "device"), f"{where}: retention_basis"),
     )
+
+
+def _basis(value: Any, where: str) -> str:
+    if value not in BASES:
+        raise ValidationError(where, f"must be one of {', '.join(BASES)} (got {value!r})")
+    return str(value)
 
 
 def _workload(value: Any, where: str) -> Workload:
@@ -190,5 +204,7 @@ def to_json(record: Record, **extra: float) -> str:
         document["device_counters"] = dict(record.device_counters)
     if record.retention is not None:
         document["retention"] = record.retention
+    if record.retention_basis != "device":
+        document["retention_basis"] = record.retention_basis
     document.update(extra)
     return json.dumps(document)

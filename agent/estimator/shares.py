@@ -13,10 +13,10 @@ the L2 cache and the DRAM bandwidth. This world is unlike the other two
 - counters are what a profiler gives **at the share** the workload runs at: ``l2_util`` and
   ``dram_util`` (percent of peak) and ``fb_used_bytes``; there is **no** ``gpu_util``, so
   the utilisation-sum rules do not apply;
-- retention is relative to the same workload alone *at the same share*: the loss is
-  interference only. The memory-bound part slows by the DRAM oversubscription
-  (``max(1, total)``) and by the peer's L2 traffic (``1 + thrash * l2_peer`` beyond what
-  the cache holds); noise grows with the slowdown.
+- retention is relative to the same workload alone *at the same share*
+  (``retention_basis: share``): the loss is interference only. The memory-bound part slows
+  by the DRAM oversubscription (``max(1, total)``) and by the peer's L2 traffic
+  (``1 + thrash * l2_peer`` beyond what the cache holds); noise grows with the slowdown.
 
 Still a model, not a measurement: its records are synthetic and labelled so.
 """
@@ -131,6 +131,7 @@ def runs(count: int, *, seed: int = 0, noise: float = 0.02) -> list[Record]:
                     (workload(peer, other),),
                     None,
                     round(value, 4),
+                    retention_basis="share",
                 )
             )
     return records

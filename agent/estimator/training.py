@@ -1,13 +1,14 @@
-"""Training the retention estimator (scikit-learn lives here and in no hot path).
+"""Training the retention estimator (scikit-learn lives here, in ``crossval`` and in
+``constraints``, and in no hot path).
 
 Cross-validation is grouped by workload *family* (``family_of``: resnet50-bs32 and
-resnet50-bs64 are one family), so every reported figure is for families the model never
-saw; ``folds=0`` holds out one family at a time. Training:
+resnet50-bs64 are one family; ``crossval``), so every reported figure is for families the
+model never saw; ``folds=0`` holds out one family at a time. Training:
 
 1. **Checks each monotonic constraint** (``features.monotonic``: more peer demand never
-   raises the target's retention), one resource at a time (``constraint_group``): a group
-   whose removal lowers the grouped-CV error by more than ``CONSTRAINT_TOLERANCE`` does not
-   hold in these records and is dropped.
+   raises the target's retention), one resource at a time, by backward elimination
+   (``constraints``): a group whose removal lowers the grouped-CV error by more than
+   ``constraints.CONSTRAINT_TOLERANCE`` does not hold in these records and is dropped.
 2. **Picks the regression**: the Random Forest or a ridge line (``linear``), whichever has
    the lower out-of-family MAE; ``predicted_retention`` is always its estimate. A dataset on
    which neither beats the training mean (by ``SIGNAL_MARGIN``) is refused, with the
@@ -35,12 +36,18 @@ from typing import Any
 import numpy as np
 import sklearn
 from sklearn.ensemble import RandomForestRegressor
-from sklearn.model_selection import GroupKFold
 
 from agent.core.errors import ValidationError
 from agent.estimator import calibration as cal
 from agent.estimator import operating
 from agent.estimator.compiled import CompiledForest
+from agent.estimator.constraints import choose_constraints
+from agent.estimator.crossval import (
+    fold_figures,
+    forest_for,
+    forest_out_of_family,
+    linear_out_of_family,
+)
 from agent.estimator.evaluation import GATE_FLOORS, baselines, gate, scores
 from agent.estimator.features import (
     FEATURE_VERSION,
@@ -50,17 +57,10 @@ from agent.estimator.features import (
     monotonic,
 )
 from agent.estimator.linear import LinearModel
-from agent.estimator.records import Record, family_of
+from agent.estimator.records import BASES, Record, family_of
 
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
-CONSTRAINT_TOLERANCE = 0.02  # relative MAE a constraint group may cost before it is dropped
 SIGNAL_MARGIN = 0.05  # an estimate must beat the training mean's MAE by this much (relative)
-# Half the features per split: decorrelated trees travel to unseen families better (on the
-# synthetic worlds, out-of-family MAE 2-4% lower and the gate's recall up to 3 points higher
-# at the same precision than with every feature).
-MAX_FEATURES = 0.5
-CONSTRAINT_FOLDS = 5
-CONSTRAINT_TREES = 30
 
 
 def matrix(records: Sequence[Record], names: Sequence[str]) -> FloatArray:
@@ -84,30 +84,6 @@ class TrainResult:
     @property
     def selected(self) -> str:
         return self.regressor
-
-
-@dataclass
-class OutOfFamily:
-    """Each record's prediction and doubt from a model that never saw its family, and the
-    fold it was held out in."""
-
-    mean: FloatArray
-    spread: FloatArray
-    fold: np.ndarray[Any, np.dtype[np.int64]]
-    fold_mean: FloatArray
-
-
-def forest_for(
-    trees: int, seed: int, constraints: Sequence[int] | None = None
-) -> RandomForestRegressor:
-    return RandomForestRegressor(
-        n_estimators=trees,
-        min_samples_leaf=2,
-        max_features=MAX_FEATURES,
-        random_state=seed,
-        monotonic_cst=list(constraints) if constraints is not None else None,
-        n_jobs=1,
-    )
 
 
 def train(
@@ -141,6 +117,9 @@ def train(
         "linear": linear_out_of_family(x, y, groups, splits),
     }
     cv: dict[str, Any] = {name: scores(y, c.mean) for name, c in candidates.items()}
+    cv["retention_bases"] = {
+        basis: sum(r.retention_basis == basis for r in labelled) for basis in BASES
+    }
     mean_fit = candidates["forest"].fold_mean
     cv["mean"] = scores(y, mean_fit)
     winner = min(candidates, key=lambda name: cv[name]["mae"])
@@ -215,126 +194,6 @@ def gate_figures(points: dict[str, Any], precision: float) -> dict[str, Any]:
         row = list(points["floors"]).index(floor)
         result[f"gate_column_at_{floor}"] = precisions[operating.column_for(points, row, precision)]
     return result
-
-
-def fold_figures(y: FloatArray, chosen: OutOfFamily) -> dict[str, float]:
-    """MAE of the estimate over the training mean's, in each held-out fold."""
-    ratios = []
-    for fold in np.unique(chosen.fold):
-        inside = chosen.fold == fold
-        model_mae = float(np.mean(np.abs(y[inside] - chosen.mean[inside])))
-        mean_mae = float(np.mean(np.abs(y[inside] - chosen.fold_mean[inside])))
-        ratios.append(model_mae / mean_mae if mean_mae > 0 else (0.0 if model_mae == 0 else 9.9))
-    return {
-        "count": float(len(ratios)),
-        "beating_mean": float(sum(r < 1.0 for r in ratios)),
-        "worst_mae_ratio": max(ratios),
-        "median_mae_ratio": float(np.median(ratios)),
-    }
-
-
-def _splitter(groups: Sequence[str], splits: int) -> Any:
-    return GroupKFold(n_splits=max(2, min(splits, len(set(groups)))))
-
-
-def _empty(y: FloatArray) -> OutOfFamily:
-    return OutOfFamily(
-        np.zeros_like(y), np.zeros_like(y), np.zeros(y.size, np.int64), np.zeros_like(y)
-    )
-
-
-def forest_out_of_family(
-    x: FloatArray,
-    y: FloatArray,
-    groups: Sequence[str],
-    splits: int,
-    trees: int,
-    seed: int,
-    constraints: Sequence[int],
-) -> OutOfFamily:
-    result = _empty(y)
-    for fold, (train_idx, test_idx) in enumerate(_splitter(groups, splits).split(x, y, groups)):
-        forest = forest_for(trees, seed, constraints).fit(x[train_idx], y[train_idx])
-        per_tree = CompiledForest.from_sklearn(forest).tree_predictions(x[test_idx])
-        result.mean[test_idx] = per_tree.mean(axis=1)
-        result.spread[test_idx] = per_tree.std(axis=1)
-        result.fold[test_idx] = fold
-        result.fold_mean[test_idx] = y[train_idx].mean()
-    return result
-
-
-def linear_out_of_family(
-    x: FloatArray, y: FloatArray, groups: Sequence[str], splits: int
-) -> OutOfFamily:
-    result = _empty(y)
-    for fold, (train_idx, test_idx) in enumerate(_splitter(groups, splits).split(x, y, groups)):
-        line = LinearModel.fit(x[train_idx], y[train_idx])
-        result.mean[test_idx] = line.predict(x[test_idx])
-        result.fold[test_idx] = fold
-        result.fold_mean[test_idx] = y[train_idx].mean()
-    return result
-
-
-def constraint_group(name: str) -> str | None:
-    """The resource a monotonic constraint is about (None: the feature has none)."""
-    if monotonic(name) == 0:
-        return None
-    if name == "x.headroom":
-        return "headroom"
-    if name == "p.count":
-        return "count"
-    if "thread" in name:
-        return "threads"
-    if name.startswith("x.mem_") or name == "p.memory_frac_sum" or "fb_used" in name:
-        return "memory"
-    if any(key in name for key in ("dram", "l2", "memsys", "mem_util")):
-        return "memory_system"
-    return "compute"
-
-
-def choose_constraints(
-    x: FloatArray, y: FloatArray, groups: Sequence[str], names: Sequence[str], trees: int, seed: int
-) -> tuple[list[int], dict[str, Any]]:
-    """The monotonic constraints that hold in these records, by backward elimination: each
-    round fits without each remaining group in turn and drops the one whose removal lowers
-    the grouped-CV error most, if by more than ``CONSTRAINT_TOLERANCE``; it stops when none
-    does (groups cost nothing alone and everything together, so one at a time)."""
-    full = [monotonic(n) for n in names]
-    by_group: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        group = constraint_group(name)
-        if group is not None:
-            by_group.setdefault(group, []).append(i)
-    small = min(trees, CONSTRAINT_TREES)
-
-    def without(dropped: set[str]) -> list[int]:
-        off = {i for g in dropped for i in by_group[g]}
-        return [0 if i in off else c for i, c in enumerate(full)]
-
-    def mae(dropped: set[str]) -> float:
-        oof = forest_out_of_family(x, y, groups, CONSTRAINT_FOLDS, small, seed, without(dropped))
-        return float(np.mean(np.abs(y - oof.mean)))
-
-    dropped: set[str] = set()
-    current = mae(dropped)
-    checks: dict[str, Any] = {"mae_all": current}
-    while len(dropped) < len(by_group):
-        trials = {g: mae(dropped | {g}) for g in sorted(set(by_group) - dropped)}
-        for group, error in trials.items():
-            checks[group] = {
-                "kept": True,
-                "features": len(by_group[group]),
-                "mae_without": error,  # with the groups dropped before this round
-                "round": len(dropped) + 1,
-            }
-        best = min(trials, key=lambda g: trials[g])
-        if trials[best] >= current * (1 - CONSTRAINT_TOLERANCE):
-            break
-        dropped.add(best)
-        current = trials[best]
-        checks[best]["kept"] = False
-    checks["mae_kept"] = current
-    return without(dropped), checks
 
 
 def fit_winner(

@@ -258,6 +258,7 @@ class ProgressTracker:
             tuple(self._workload(x) for x in colocated.peers),
             colocated.device_counters,
             kept,
+            retention_basis="share",  # against its rate alone at its own share
         )
         self._made[target.lease_id] = self._made.get(target.lease_id, 0) + 1
         self.records_total += 1

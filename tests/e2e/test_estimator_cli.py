@@ -102,6 +102,20 @@ def test_training_without_gpu_util_names_no_utilisation_rule(tmp_path: Path) -> 
     assert trained.returncode == 0, trained.stderr
     assert "util_sum" not in trained.stdout
     assert "no utilisation-sum baseline: the records carry no gpu_util" in trained.stdout
+    assert all(json.loads(x)["retention_basis"] == "share" for x in data.read_text().splitlines())
+
+
+def test_training_on_both_retention_bases_warns(tmp_path: Path) -> None:
+    device, share = tmp_path / "device.jsonl", tmp_path / "share.jsonl"
+    assert run("synth", "--out", str(device), "--runs", "120").returncode == 0
+    assert (
+        run("synth", "--out", str(share), "--runs", "60", "--generator", "shares").returncode == 0
+    )
+    both = tmp_path / "both.jsonl"
+    both.write_text(device.read_text() + share.read_text())
+    trained = run("train", "--data", str(both), "--out", str(tmp_path / "m"), "--trees", "10")
+    assert trained.returncode == 0, trained.stderr
+    assert "against the whole device and" in trained.stdout and "own share" in trained.stdout
 
 
 def test_evaluate_refuses_a_file_without_records(tmp_path: Path) -> None:

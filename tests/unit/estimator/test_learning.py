@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.estimator import shares
 from agent.estimator.learning import MIN_GAIN, retrain, save_learned
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record
@@ -124,9 +125,12 @@ def test_the_verdict(change: dict[str, float], swapped: bool, why: str) -> None:
     assert got is swapped and why in reason
 
 
-def test_base_records_mix_in_only_at_full_threads(node_records: list[Record]) -> None:
-    base = runs(60, seed=5, workload_count=8)
+def test_base_records_mix_in_where_retention_means_the_same(node_records: list[Record]) -> None:
+    base = runs(60, seed=5, workload_count=8)  # against the whole device
     full = [r for r in base if r.target.thread_pct >= 100]
     assert 0 < len(full) < len(base)
-    outcome = retrain(None, node_records, base, trees=10)
-    assert outcome.figures["base_records"] == len(full)
+    mps = shares.runs(20, seed=6)  # against the workload alone at its share, as the node's
+    assert {r.retention_basis for r in mps} == {"share"}
+    assert any(r.target.thread_pct < 100 for r in mps)
+    outcome = retrain(None, node_records, base + mps, trees=10)
+    assert outcome.figures["base_records"] == len(full) + len(mps)

@@ -251,3 +251,15 @@ def test_a_profile_measured_at_shares_reaches_the_gate(tmp_path: object) -> None
         parse_profile(
             "version: 1\nname: b\ngpu_model: A\ncounters: {x: 1}\nshare_counters: [1]\n", "b.yaml"
         )
+
+
+def test_the_retention_basis_round_trips_and_defaults_to_the_device() -> None:
+    (plain,) = parse_lines([json.dumps(EXAMPLE)], need_retention=True)
+    assert plain.retention_basis == "device"
+    assert "retention_basis" not in json.loads(to_json(plain)), "files stay as they were"
+    document = {**json.loads(json.dumps(EXAMPLE)), "retention_basis": "share"}
+    (shared,) = parse_lines([json.dumps(document)], need_retention=True)
+    assert shared.retention_basis == "share"
+    assert json.loads(to_json(shared))["retention_basis"] == "share"
+    with pytest.raises(ValidationError, match="line 1: retention_basis"):
+        parse_lines([json.dumps({**document, "retention_basis": "solo"})], need_retention=True)

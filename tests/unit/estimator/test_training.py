@@ -218,13 +218,13 @@ def test_one_family_cannot_be_cross_validated() -> None:
     ],
 )
 def test_constraint_groups(name: str, group: str | None) -> None:
-    from agent.estimator.training import constraint_group
+    from agent.estimator.constraints import constraint_group
 
     assert constraint_group(name) == group
 
 
 def test_fold_figures_set_each_fold_against_its_own_mean() -> None:
-    from agent.estimator.training import OutOfFamily, fold_figures
+    from agent.estimator.crossval import OutOfFamily, fold_figures
 
     y = np.asarray([1.0, 0.0, 1.0, 0.0, 0.5, 0.5])
     oof = OutOfFamily(

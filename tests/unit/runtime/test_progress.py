@@ -283,6 +283,7 @@ def test_a_record_describes_the_device_target_and_peers() -> None:
     [peer] = record.peers
     assert (peer.workload, peer.family) == ("pod:1234", "pod:1234")
     assert record.device_counters is None and record.retention == 0.5
+    assert record.retention_basis == "share", "set against its rate alone at its share"
     [back] = parse_lines([to_json(record)], need_retention=True)
     assert back == record
     assert t.records_total == 1 and t.report("A", 300).records == 1
