@@ -245,6 +245,8 @@ class Run:
     clients: dict[str, AgentClient] = field(default_factory=dict)
     admit_ms: list[float] = field(default_factory=list)
     admit_refused: int = 0
+    # probe calls whose outcome is unknown: (agent, the Admit asked, its lease id if known)
+    probe_unsettled: list[tuple[str, dict[str, object], str | None]] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     overcommit: list[str] = field(default_factory=list)
@@ -405,32 +407,61 @@ class Run:
     # -- beside the pods -------------------------------------------------------------------
 
     async def admit_probe(self) -> None:
-        """Admit + release straight on the agents, round robin, through the run."""
+        """Admit + release straight on the agents, round robin, through the run. A call
+        whose outcome is unknown (an agent killed under it, a deadline) is settled later, as
+        a client must: the Admit asked again with its request id (the agent answers with the
+        lease it made, if it made one), the Release sent again until it is sure."""
         names = sorted(self.clients)
         turn = 0
         while not self.stop.is_set():
-            client = self.clients[names[turn % len(names)]]
+            await self.settle_probe()
+            name = names[turn % len(names)]
             turn += 1
+            ask = {
+                "request_id": f"probe-{uuid.uuid4().hex}",
+                "tenant": NAMESPACE,
+                "trust_domain": NAMESPACE,
+                "priority": Priority.BEST_EFFORT,
+                "memory_bytes": 1 * GIB,
+                "thread_pct": 5.0,
+            }
             started = time.perf_counter()
             try:
-                answer = await client.admit(
-                    request_id=f"probe-{uuid.uuid4().hex}",
-                    tenant=NAMESPACE,
-                    trust_domain=NAMESPACE,
-                    priority=Priority.BEST_EFFORT,
-                    memory_bytes=1 * GIB,
-                    thread_pct=5.0,
-                )
-            except grpc.aio.AioRpcError:  # an agent busy past the deadline: not a sample
+                answer = await self.clients[name].admit(**ask)
+            except grpc.aio.AioRpcError:  # not a sample; it may have landed: settle it
+                self.probe_unsettled.append((name, ask, None))
                 await asyncio.sleep(self.args.probe_s)
                 continue
             self.admit_ms.append(1e3 * (time.perf_counter() - started))
             if answer.decision.admitted:
-                with contextlib.suppress(grpc.aio.AioRpcError):  # the reconcile can't see it:
-                    await client.release(answer.lease.lease_id)  # leases_leaked counts it
+                await self._probe_release(name, ask, answer.lease.lease_id)
             else:
                 self.admit_refused += 1
             await asyncio.sleep(self.args.probe_s)
+
+    async def _probe_release(self, name: str, ask: dict[str, object], lease_id: str) -> None:
+        try:
+            await self.clients[name].release(lease_id)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.NOT_FOUND:
+                self.probe_unsettled.append((name, ask, lease_id))
+
+    async def settle_probe(self) -> None:
+        """Settle the probe's calls whose outcome was unknown (see ``admit_probe``)."""
+        unsettled, self.probe_unsettled = self.probe_unsettled, []
+        for name, ask, lease_id in unsettled:
+            if lease_id is not None:
+                await self._probe_release(name, ask, lease_id)
+                continue
+            try:
+                answer = await self.clients[name].admit(**ask)
+            except grpc.aio.AioRpcError as exc:
+                ended = "belongs to lease" in (exc.details() or "")  # its lease has ended
+                if not ended:
+                    self.probe_unsettled.append((name, ask, None))
+                continue
+            if answer.decision.admitted:
+                await self._probe_release(name, ask, answer.lease.lease_id)
 
     async def sampler(self) -> None:
         """Every agent's ledger, checked against its devices and the rules, and against
@@ -514,11 +545,11 @@ class Run:
             )
 
     async def live_leases(self) -> list[tuple[str, str, str]]:
-        """(node, pod, lease id) of every live lease on every agent."""
+        """(node, pod or request id, lease id) of every live lease on every agent."""
         found = []
         for name, client in self.clients.items():
             node = await client.get_node(ledger_only=True)
-            found += [(name, x.pod, x.lease_id) for x in node.leases]
+            found += [(name, x.pod or x.request_id, x.lease_id) for x in node.leases]
         return found
 
 
@@ -581,6 +612,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             cluster.api_server.chaos = None  # the count at the end is not faulted
             await asyncio.gather(*beside[1:3], return_exceptions=True)  # probe, sampler
             await _agents_back(cluster)
+            for _ in range(50):  # the probe's unknown outcomes, settled with every agent up
+                await bench.settle_probe()
+                if not bench.probe_unsettled:
+                    break
+                await asyncio.sleep(0.2)
             options = cluster.options()  # the same intervals in both kinds of cluster side
             await asyncio.sleep(2 * (options.lease_grace_s + options.reconcile_interval_s))
             leases = await bench.live_leases()
@@ -703,6 +739,7 @@ def summarize(
         "evicted": sum(p.evicted for p in plans),
         "ledger_samples": bench.samples,
         "leases_leaked": len(leases),
+        "leaked": [" ".join(x) for x in leases[:3]],
         "wrong_lease_injections": len(bench.wrong),
         "mismatches_refused": len(bench.refused),
         "refused_why": [x[:200] for x in bench.refused[:3]],

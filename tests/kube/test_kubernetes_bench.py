@@ -68,7 +68,9 @@ def test_the_small_run_with_api_faults_and_agents_killed_keeps_every_promise() -
     answered = faults["answered"]
     assert any(k.startswith("binding ") for k in answered), faults
     assert any(k.startswith("patch ") for k in answered), faults
-    why = {k: result[k] for k in ("lost_why", "refused_why", "rejected_agent_away", "faults")}
+    why = {
+        k: result[k] for k in ("leaked", "lost_why", "refused_why", "rejected_agent_away", "faults")
+    }
     for key in (
         "leases_leaked",
         "running_without_lease",
