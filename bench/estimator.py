@@ -121,7 +121,7 @@ def judged(model: RetentionModel, records: list[Record], train_mean: float) -> d
     truth = np.asarray([r.retention for r in records], dtype=np.float64)
     found = model.estimate(records)
     rule = baselines(records, truth)["util_sum_120"]
-    _p, admitted = model.gate_admits(records, 0.85, 0.95)
+    _p, admitted = model.admits(found, 0.85, 0.95)
     got_precision, got_recall = precision_recall(truth, admitted, 0.85)
     return {
         "mae": float(np.mean(np.abs(truth - found.mean))),
@@ -298,9 +298,10 @@ def held_out_judge() -> dict[str, float]:
         save(result, Path(folder), data_sha256="j", records=len(seen), provenance="judge")
         model = RetentionModel.load(Path(folder))
     truth = np.asarray([r.retention for r in asked])
-    _p, admitted = model.gate_admits(asked, 0.85, 0.95)
+    found = model.estimate(asked)
+    _p, admitted = model.admits(found, 0.85, 0.95)
     got_precision, got_recall = precision_recall(truth, admitted, 0.85)
-    mean = model.estimate(asked).mean
+    mean = found.mean
     train_mean = float(np.mean([r.retention for r in seen]))
     rule = baselines(asked, truth)["util_sum_120"]
     row = {

@@ -288,7 +288,7 @@ def predict(
     if not records:
         return
     found = model.estimate(records)
-    p_keep, admit = model.gate_admits(records, floor, precision)
+    p_keep, admit = model.admits(found, floor, precision)
     extra: dict[str, Any] = {} if model.coverage is None else {"retention_coverage": model.coverage}
     for at, record in enumerate(records):
         click.echo(

@@ -169,7 +169,7 @@ def _current_on_node(
             "current_recall": got_recall,
         }
     found = current.estimate(node)
-    _p, admitted = current.gate_admits(node, GATE_FLOOR, precision)
+    _p, admitted = current.admits(found, GATE_FLOOR, precision)
     got_precision, got_recall = precision_recall(y_node, admitted, GATE_FLOOR)
     return {
         "current_mae": float(np.mean(np.abs(y_node - found.mean))),

@@ -163,7 +163,12 @@ class RetentionModel:
         self, records: Sequence[Record], floor: float, precision: float
     ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
         """``p_keep`` at ``floor`` and the gate's decision, for each record."""
-        found = self.estimate(records)
+        return self.admits(self.estimate(records), floor, precision)
+
+    def admits(
+        self, found: Estimates, floor: float, precision: float
+    ) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+        """``gate_admits`` for estimates already made."""
         if not self.has_operating_point:
             p = (found.lower >= floor).astype(np.float64)
             return p, p >= 0.5

@@ -29,7 +29,7 @@ from agent.estimator.evaluation import (
     util_rule_applies,
     util_sum,
 )
-from agent.estimator.model import RetentionModel
+from agent.estimator.model import Estimates, RetentionModel
 from agent.estimator.records import Record
 
 PLOTS = ("calibration.png", "predicted_vs_true.png", "gate.png")
@@ -49,7 +49,7 @@ def evaluate(
         **scores(truth, found.mean),
         "estimator": model.kind,
         "gate_precision_target": precision,
-        **_gate_at_operating_point(model, records, truth, precision),
+        **_gate_at_operating_point(model, found, truth, precision),
         "lower": gate(truth, found.lower),
     }
     curves: dict[str, Any] = {"truth": truth, "mean": found.mean, "lower": found.lower}
@@ -72,14 +72,14 @@ def _lower_at(found: Any, calibration: dict[str, Any], coverage: float) -> Any:
 
 
 def _gate_at_operating_point(
-    model: RetentionModel, records: Sequence[Record], truth: Any, precision: float
+    model: RetentionModel, found: Estimates, truth: Any, precision: float
 ) -> dict[str, Any]:
     """The gate's precision and recall here at each floor, and what it promised: its
     precision on held-out families in the model's own cross-validation."""
     result: dict[str, Any] = {}
     stored = model.metadata.get("gate")
     for floor in GATE_FLOORS:
-        _p, admitted = model.gate_admits(records, floor, precision)
+        _p, admitted = model.admits(found, floor, precision)
         got_precision, got_recall = precision_recall(truth, admitted, floor)
         result[f"gate_precision_at_{floor}"] = got_precision
         result[f"gate_recall_at_{floor}"] = got_recall
@@ -99,9 +99,8 @@ def _gate_curves(
     curves: dict[str, Any] = {}
     sums = np.asarray([util_sum(r) for r in records]) if util_rule_applies(records) else None
     for floor in GATE_FLOORS:
-        p = model.p_keep(found.mean, found.spread, floor)
+        p, admitted = model.admits(found, floor, precision)
         points = [precision_recall(truth, p >= t, floor) for t in CURVE_THRESHOLDS]
-        _p, admitted = model.gate_admits(records, floor, precision)
         entry: dict[str, Any] = {
             "model": ([a for a, _b in points], [b for _a, b in points]),
             "operating_point": precision_recall(truth, admitted, floor),

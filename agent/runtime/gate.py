@@ -175,7 +175,7 @@ class ProfileGate:
             members.append(
                 (
                     lease.lease_id,
-                    self._lease_workload(lease),
+                    self.lease_workload(lease),
                     self.floor_of(lease.profile, lease.retention_floor),
                 )
             )
@@ -238,9 +238,6 @@ class ProfileGate:
     def lease_workload(self, lease: Lease) -> Workload:
         """A lease as the gate sees it: its solo signature, with its profile's counters at
         MPS shares (what the node's run records must carry too)."""
-        return self._lease_workload(lease)
-
-    def _lease_workload(self, lease: Lease) -> Workload:
         return _workload(
             lease.lease_id,
             lease.profile,
@@ -257,7 +254,7 @@ class ProfileGate:
         """Each lease's estimated retention next to the others on its device, now."""
         if len(view.leases) < 2:
             return {lease.lease_id: 1.0 for lease in view.leases}
-        workloads = [self._lease_workload(lease) for lease in view.leases]
+        workloads = [self.lease_workload(lease) for lease in view.leases]
         values = self._predict(view, workloads)
         return {lease.lease_id: round(v, 4) for lease, v in zip(view.leases, values, strict=True)}
 
@@ -265,7 +262,7 @@ class ProfileGate:
         """Each lease's estimated retention from the device's live window counters: load
         the leases' signatures do not explain (measured busy above what they declare) joins
         the set as one more peer, ``unattributed``."""
-        workloads = [self._lease_workload(lease) for lease in view.leases]
+        workloads = [self.lease_workload(lease) for lease in view.leases]
         extra = unattributed(workloads, measured)
         members = workloads + ([extra] if extra is not None else [])
         if len(members) < 2:

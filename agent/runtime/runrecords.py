@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from agent.core.errors import NotFoundError, PermissionDeniedError, StateError
+from agent.core.errors import NotFoundError, PermissionDeniedError
 from agent.core.lease import LeaseState
 from agent.core.types import Device, Event, ProgressAnswer, WindowSample
 from agent.estimator.records import to_json
@@ -46,6 +46,8 @@ class RunRecorder:
         self._unwritten: list[RunRecordRow] = []
         self._wake = asyncio.Event()
         self._writing = asyncio.Lock()
+        # a write whose caller was cancelled (a stop) while it ran: its batch and outcome
+        self._in_flight: tuple[asyncio.Task[None], list[RunRecordRow]] | None = None
         self.dropped_total = 0
 
     @property
@@ -113,18 +115,33 @@ class RunRecorder:
 
     async def flush(self) -> bool:
         """Write what is waiting, after any write in flight (so a reader that flushed first
-        sees every record made before); True when nothing is left unwritten."""
+        sees every record made before); True when nothing is left unwritten.
+
+        The write is a task of its own: a caller cancelled during it (the writer task at a
+        stop) leaves it to end, and the next flush (``flush_at_stop``) learns its outcome
+        first, so its records are neither lost nor written twice."""
         async with self._writing:
+            if self._in_flight is not None and not await self._settle(*self._in_flight):
+                return False
             if not self._unwritten:
                 return True
             batch, self._unwritten = self._unwritten, []
-            try:
-                await self._store.add_run_records(batch)
-            except StateError as exc:
-                log.warning("cannot store %d run record(s) yet: %s", len(batch), exc)
-                self._unwritten = batch + self._unwritten
-                return False
-            return True
+            write = asyncio.ensure_future(self._store.add_run_records(batch))
+            self._in_flight = (write, batch)
+            return await self._settle(write, batch)
+
+    async def _settle(self, write: asyncio.Task[None], batch: list[RunRecordRow]) -> bool:
+        """The outcome of ``write``: True when it landed; its batch back in front of what
+        waits when the store refused it."""
+        try:
+            await asyncio.shield(write)
+        except Exception as exc:  # StateError, or the store's own: the batch waits again
+            log.warning("cannot store %d run record(s) yet: %s", len(batch), exc)
+            self._unwritten = batch + self._unwritten
+            self._in_flight = None
+            return False
+        self._in_flight = None
+        return True
 
     async def flush_at_stop(self) -> None:
         if not await self.flush():

@@ -176,8 +176,8 @@ def test_the_gate_decides_on_p_keep_at_its_precision() -> None:
         for threads in (10, 25, 50, 75, 100):
             verdict = gate(view, request(candidate, threads))
             workloads = [
-                gate._lease_workload(view.leases[0]),
-                gate._lease_workload(lease("c", candidate, threads)),
+                gate.lease_workload(view.leases[0]),
+                gate.lease_workload(lease("c", candidate, threads)),
             ]
             found = model.estimate_set(DEVICE.model, DEVICE.memory_bytes, workloads[::-1])
             p = model.p_keep(found.mean[1:], found.spread[1:], 0.8)[0]
