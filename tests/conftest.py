@@ -1,19 +1,22 @@
 """Shared test set-up: markers that skip with a reason, unit-test timeouts, a check that no
 asyncio task outlives the test that started it, and one that no process the suite
-started (an agent, an MPS daemon, a fake server) outlives the session."""
+started (an agent, an MPS daemon, a fake server) outlives the session; ``root``, a short
+temporary directory (Unix socket paths are limited to 107 bytes) for the agents, sockets
+and stores of a test."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from functools import cache
 from pathlib import Path
 
 import pytest
 
 from tests import leftovers
+from tests.helpers import short_dir
 
 BEFORE = pytest.StashKey[set[tuple[int, float]]]()
 leftovers.mark_session()
@@ -84,3 +87,9 @@ async def no_leftover_tasks() -> AsyncIterator[None]:
     for task in leftovers:
         task.cancel()
     assert not leftovers, f"tasks left running: {[t.get_name() for t in leftovers]}"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with short_dir() as path:
+        yield path

@@ -34,6 +34,7 @@ from agent.cli.common import assignments as parse_assignments
 from agent.config import Settings, load_settings
 from agent.config.loading import simulation_paths
 from agent.core.errors import ConfigError, GpushareError
+from agent.dra import toolkit
 from agent.runtime import effective, preflight
 from agent.runtime.preflight import (
     AgentFacts,
@@ -177,6 +178,7 @@ def run_checks(
         preflight.check_device_plugin(kube_facts),
         preflight.check_mps_dirs(gather.mps_dir_facts(settings, agent_running=not agent.error)),
         preflight.check_shm(gather.shm_facts(settings)),
+        toolkit_finding(settings, simulated),
         *(
             preflight.check_dir(name, key, switch, on, gather.path_facts(path, follow=True))
             for name, key, switch, on, path in directories
@@ -184,6 +186,14 @@ def run_checks(
         *preflight.check_certs(certificates, now or datetime.now(UTC), gather.CERTIFICATES),
         preflight.check_agent(agent),
     ]
+
+
+def toolkit_finding(settings: Settings, simulated: bool) -> preflight.Finding:
+    """Whether the claims' CDI specs carry the driver's libraries and hooks (NVIDIA's
+    container toolkit on the node), or pods need the NVIDIA runtime."""
+    d = settings.dra
+    status, found, fix = toolkit.doctor_check(d.nvidia_ctk, enabled=d.enabled, simulated=simulated)
+    return preflight.Finding(status, "nvidia-toolkit", found, fix)
 
 
 # -- facts -----------------------------------------------------------------------------------

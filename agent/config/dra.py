@@ -27,6 +27,29 @@ class DraSettings:
     cdi_dir: str = setting(
         "/var/run/cdi", "Where the claims' CDI specs are written for the container runtime."
     )
+    host_dev_root: str = setting(
+        "/dev",
+        "Where the agent reads the host's device nodes (/dev/nvidia<minor>, nvidiactl, "
+        "nvidia-uvm, nvidia-caps/...) at each Prepare: in a pod, a hostPath mount of the "
+        "host's /dev (e.g. /host/dev), not the container's own /dev, a copy taken at its "
+        "start. The CDI specs name the host's /dev paths.",
+    )
+    host_root: str = setting(
+        "/",
+        "Where the agent sees the host's root filesystem (a read-only hostPath mount of /, "
+        "e.g. /host); other than /: nvidia-ctk looks for the driver under it and its paths "
+        "are written without this prefix.",
+    )
+    nvidia_ctk: str = setting(
+        "nvidia-ctk",
+        "The NVIDIA container toolkit's nvidia-ctk (a path or a name on PATH). Where found, "
+        "the agent runs 'nvidia-ctk cdi generate' once at start and every claim's CDI spec "
+        "carries the driver's libraries and hooks; empty or not found: GPU workload pods "
+        "need the NVIDIA runtime (runtimeClassName: nvidia).",
+    )
+    nvidia_ctk_timeout_s: float = setting(
+        60.0, "How long 'nvidia-ctk cdi generate' may take at start.", min=1.0
+    )
     shm_dir: str = setting(
         "",
         "A host directory mounted at /dev/shm in each client container, shared with the MPS "
@@ -58,6 +81,13 @@ class DraSettings:
     )
     slice_min_interval_s: float = setting(
         1.0, "Least time between two writes of the node's ResourceSlice.", min=0.05
+    )
+    refusal_backoff_s: float = setting(
+        10.0,
+        "Seconds a device stays tainted gpushare.io/refused (NoSchedule) after the agent "
+        "refused a share on it at its binding, so that the scheduler tries another device "
+        "first. 0: no taint.",
+        min=0.0,
     )
     reconcile_interval_s: float = setting(
         30.0,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from agent.config.fields import setting as _setting
+from agent.core.errors import ConfigError, GpushareError
+from agent.core.units import MIB, parse_bytes
+
+_KUBERNETES_SUFFIX = re.compile(r"^(.*\d\s*[KkMmGgTt])i$")  # 1Gi, as Kubernetes writes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +78,39 @@ class MpsSettings:
         "the agent never restarts a daemon.",
         choices=("agent", "host"),
     )
+    shm_root: str = _setting(
+        "",
+        "Where each MPS device gets shared memory of its own: <shm_root>/<device UUID>, a "
+        "tmpfs of mps.shm_size (mode 1777, nosuid, nodev, noexec) that the device's control "
+        "daemon and its servers see as /dev/shm (a mount namespace of their own) and that "
+        "only the containers of the device's current trust domain get; emptied, with the "
+        "servers shut down and the defaults set again, before another trust domain gets "
+        "it. Needs root (else the daemons share their starter's /dev/shm, with a warning). "
+        "Empty: none; every daemon shares its starter's /dev/shm and client containers get "
+        "kubelet.shm_dir / dra.shm_dir. Clients outside containers need it empty.",
+    )
+    shm_size: str = _setting(
+        "1GiB",
+        "Size of each device's shared-memory tmpfs under mps.shm_root (1GiB, 512MiB; 1Gi "
+        "as Kubernetes writes it is read the same). At least 1MiB.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.shm_root and not self.shm_root.startswith("/"):
+            raise ConfigError("mps.shm_root", f"must be an absolute path (got {self.shm_root!r})")
+        if self.shm_root.rstrip("/") in ("", "/dev/shm") and self.shm_root:
+            raise ConfigError("mps.shm_root", f"cannot be {self.shm_root!r}")
+        self.shm_size_bytes  # noqa: B018 (refuses a size it cannot read, at load)
+
+    @property
+    def shm_size_bytes(self) -> int:
+        """mps.shm_size in bytes; a ConfigError names the setting."""
+        text = self.shm_size.strip()
+        found = _KUBERNETES_SUFFIX.match(text)
+        try:
+            value = parse_bytes(f"{found[1]}iB" if found else text)
+        except GpushareError as exc:
+            raise ConfigError("mps.shm_size", str(exc)) from exc
+        if value < MIB:
+            raise ConfigError("mps.shm_size", f"must be at least 1MiB (got {self.shm_size!r})")
+        return value

@@ -312,6 +312,13 @@ class RuntimeSettings:
         "and child processes killed; the process exits within this time.",
         min=0.5,
     )
+    lock_wait_s: float = _setting(
+        0.0,
+        "How long a starting agent waits for another agent of the node to stop and free "
+        "the single-agent lock (a DaemonSet upgrade starts the new pod while the old one "
+        "stops; the chart sets 60). 0: refuse at once, exit code 3.",
+        min=0.0,
+    )
     on_stop: str = _setting(
         "keep",
         "What a stop does to the MPS daemons: 'keep' (left running with their servers and "

@@ -68,12 +68,18 @@ class Device:
     parent_uuid: str | None = None
     mig_profile: str | None = None
     gpu_instance_id: int | None = None  # MIG: the GPU instance id on the parent GPU
+    # The GPU's device node is /dev/nvidia<minor> (NVML's minor number, which need not
+    # follow the index); a MIG instance has its parent GPU's. None: not known.
+    minor: int | None = None
+    compute_instance_id: int | None = None  # MIG: the compute instance id in its GPU instance
 
     def __post_init__(self) -> None:
         if not self.uuid:
             raise ValidationError("uuid", "a device needs a UUID")
         if self.index < 0:
             raise ValidationError("index", f"device index {self.index} is negative")
+        if self.minor is not None and self.minor < 0:
+            raise ValidationError("minor", f"device minor number {self.minor} is negative")
         if self.memory_bytes <= 0:
             raise ValidationError("memory_bytes", f"device {self.uuid} has no memory")
 

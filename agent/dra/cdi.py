@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,16 @@ from agent.dra.port import DRIVER_NAME
 CDI_VERSION = "0.5.0"  # device names may start with a digit (claim UIDs do)
 CDI_CLASS = "claim"
 CDI_KIND = f"{DRIVER_NAME}/{CDI_CLASS}"
+SHM_PATH = "/dev/shm"
+# Every mount: no setuid binaries and no device nodes through it, whoever else writes to the
+# host directory (another claim's container, through a directory both get). /dev/shm: no
+# executables either (as a runtime's own /dev/shm).
+HARDENING = ("nosuid", "nodev")
+SHM_HARDENING = ("noexec",)
+_WEAKENING = {"suid": "nosuid", "dev": "nodev", "exec": "noexec"}
+HOOK_NAMES = frozenset(
+    {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +36,8 @@ class CdiMount:
     host_path: str
     container_path: str
     read_only: bool = False
+    options: tuple[str, ...] = ()  # as given (the NVIDIA toolkit's); () the driver's own
+    mount_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +48,31 @@ class CdiDeviceNode:
 
 
 @dataclass(frozen=True, slots=True)
+class CdiHook:
+    """A hook the runtime runs for the container (``hookName`` an OCI hook point)."""
+
+    hook_name: str
+    path: str  # on the host
+    args: tuple[str, ...] = ()  # argv, its first the program's name
+    env: tuple[str, ...] = ()  # ``K=V``
+    timeout_s: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CdiEdits:
+    """Edits every container of a claim gets once, whichever of its devices it uses: the
+    NVIDIA container toolkit's driver libraries and hooks. Written at the spec's level."""
+
+    env: tuple[str, ...] = ()  # ``K=V``
+    mounts: tuple[CdiMount, ...] = ()
+    device_nodes: tuple[CdiDeviceNode, ...] = ()
+    hooks: tuple[CdiHook, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.env or self.mounts or self.device_nodes or self.hooks)
+
+
+@dataclass(frozen=True, slots=True)
 class CdiDevice:
     """The container edits of one allocated device of a claim."""
 
@@ -42,6 +80,8 @@ class CdiDevice:
     env: Mapping[str, str]
     mounts: Sequence[CdiMount] = ()
     device_nodes: Sequence[CdiDeviceNode] = ()
+    hooks: Sequence[CdiHook] = ()
+    common: CdiEdits | None = None  # at the spec's level, once per claim
 
 
 def cdi_name(claim_uid: str, device_name: str) -> str:
@@ -59,8 +99,10 @@ def spec_path(cdi_dir: str | os.PathLike[str], claim_uid: str) -> Path:
 
 def claim_spec(claim_uid: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
     """The CDI spec of one claim: a device per allocated device, each with its own edits
-    (two shares of one claim on two GPUs carry different limits, so nothing is spec-wide)."""
-    return {
+    (two shares of one claim on two GPUs carry different limits); the edits every device
+    shares (``common``: the driver's libraries and hooks) once at the spec's level, so that
+    a container given several of the claim's devices gets them once."""
+    spec: dict[str, Any] = {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": [
@@ -68,22 +110,82 @@ def claim_spec(claim_uid: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
             for d in devices
         ],
     }
+    common = _merged([d.common for d in devices if d.common])
+    if common:
+        spec["containerEdits"] = _common_edits(common)
+    return spec
+
+
+def mount_options(mount: CdiMount) -> list[str]:
+    """A mount's options: its own (or ``rbind`` and ``ro``/``rw``), never ``suid``, ``dev``
+    (nor ``exec`` on /dev/shm), always with ``nosuid,nodev`` (and ``noexec`` there)."""
+    options = list(mount.options) or ["rbind", "ro" if mount.read_only else "rw"]
+    hardening: tuple[str, ...] = HARDENING
+    if posixpath.normpath(mount.container_path) == SHM_PATH:
+        hardening += SHM_HARDENING
+    options = [o for o in options if _WEAKENING.get(o) not in hardening]
+    return options + [o for o in hardening if o not in options]
 
 
 def _edits(device: CdiDevice) -> dict[str, Any]:
-    edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(device.env.items())]}
-    if device.mounts:
-        edits["mounts"] = [
-            {
-                "hostPath": m.host_path,
-                "containerPath": m.container_path,
-                "options": ["rbind", "ro" if m.read_only else "rw"],
-            }
-            for m in device.mounts
-        ]
-    if device.device_nodes:
-        edits["deviceNodes"] = [_node(n) for n in device.device_nodes]
+    env = [f"{k}={v}" for k, v in sorted(device.env.items())]
+    return {"env": env, **_edits_json(device.mounts, device.device_nodes, device.hooks)}
+
+
+def _edits_json(
+    mounts: Sequence[CdiMount], nodes: Sequence[CdiDeviceNode], hooks: Sequence[CdiHook]
+) -> dict[str, Any]:
+    """The mounts, device nodes and hooks of a set of edits, as CDI writes them (keys only
+    for what there is)."""
+    edits: dict[str, Any] = {}
+    if mounts:
+        edits["mounts"] = [_mount(m) for m in mounts]
+    if nodes:
+        edits["deviceNodes"] = [_node(n) for n in nodes]
+    if hooks:
+        edits["hooks"] = [_hook(h) for h in hooks]
     return edits
+
+
+def _merged(all_edits: Sequence[CdiEdits]) -> CdiEdits:
+    """One set of edits from several, each entry once, in order."""
+
+    def once(items: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(dict.fromkeys(items))
+
+    return CdiEdits(
+        env=once([e for edits in all_edits for e in edits.env]),
+        mounts=once([m for edits in all_edits for m in edits.mounts]),
+        device_nodes=once([n for edits in all_edits for n in edits.device_nodes]),
+        hooks=once([h for edits in all_edits for h in edits.hooks]),
+    )
+
+
+def _common_edits(common: CdiEdits) -> dict[str, Any]:
+    env = {"env": list(common.env)} if common.env else {}
+    return {**env, **_edits_json(common.mounts, common.device_nodes, common.hooks)}
+
+
+def _mount(mount: CdiMount) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "hostPath": mount.host_path,
+        "containerPath": mount.container_path,
+        "options": mount_options(mount),
+    }
+    if mount.mount_type:
+        out["type"] = mount.mount_type
+    return out
+
+
+def _hook(hook: CdiHook) -> dict[str, Any]:
+    out: dict[str, Any] = {"hookName": hook.hook_name, "path": hook.path}
+    if hook.args:
+        out["args"] = list(hook.args)
+    if hook.env:
+        out["env"] = list(hook.env)
+    if hook.timeout_s is not None:
+        out["timeout"] = hook.timeout_s
+    return out
 
 
 def _node(node: CdiDeviceNode) -> dict[str, str]:

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.errors import UnitError
+from agent.api.validate import MAX_MEMORY_BYTES, MIN_MEMORY_BYTES, identifier, shown
+from agent.core.errors import UnitError, ValidationError
 from agent.core.quantity import quantity, quantity_bytes
 
 Obj = dict[str, Any]
@@ -34,6 +35,7 @@ class Share:
     memory_bytes: int | None  # consumed; None when the result names none
     thread_pct: float | None
     binding_conditions: tuple[str, ...] = ()
+    admin: bool = False  # adminAccess: the device without a share (no lease, no limits)
 
     @property
     def key(self) -> str:
@@ -57,34 +59,78 @@ def allocation(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return (claim.get("status") or {}).get("allocation") or None
 
 
-def shares(claim: Mapping[str, Any], driver: str, pool: str) -> list[Share]:
-    """The claim's results of ``driver`` in ``pool``; [] when none (or not allocated)."""
+def results_here(claim: Mapping[str, Any], driver: str, pool: str) -> list[Share]:
+    """Every result of ``driver`` in ``pool`` (shares and ``adminAccess`` devices), each
+    checked; [] when none (or not allocated). Other drivers' results are not read."""
     found = allocation(claim)
     if found is None:
         return []
     results = ((found.get("devices") or {}).get("results")) or []
-    return [
-        _share(r)
-        for r in results
-        if r.get("driver") == driver and r.get("pool") == pool and not r.get("adminAccess")
-    ]
+    return [_share(r) for r in results if r.get("driver") == driver and r.get("pool") == pool]
+
+
+def shares(claim: Mapping[str, Any], driver: str, pool: str) -> list[Share]:
+    """The claim's shares of ``driver`` in ``pool`` (``adminAccess`` results are not)."""
+    return [s for s in results_here(claim, driver, pool) if not s.admin]
 
 
 def _share(result: Mapping[str, Any]) -> Share:
+    device = _name(result.get("device"), "device")
+    request = _name(result.get("request"), "request").partition("/")[0]
     consumed = result.get("consumedCapacity") or {}
-    try:
-        memory = quantity_bytes(consumed["memory"]) if "memory" in consumed else None
-        threads = float(quantity(consumed["threads"])) if "threads" in consumed else None
-    except UnitError as exc:
-        raise ClaimError(f"device {result.get('device')}: consumed capacity: {exc}") from exc
+    if not isinstance(consumed, Mapping):
+        raise ClaimError(f"device {device}: consumedCapacity is not an object")
     return Share(
-        request=str(result.get("request") or "").partition("/")[0],
-        device=str(result.get("device") or ""),
-        share_id=str(result.get("shareID") or ""),
-        memory_bytes=memory,
-        thread_pct=threads,
-        binding_conditions=tuple(result.get("bindingConditions") or ()),
+        request=request,
+        device=device,
+        share_id=_name(result.get("shareID") or "", "shareID", required=False),
+        memory_bytes=_memory(consumed, device),
+        thread_pct=_threads(consumed, device),
+        binding_conditions=tuple(str(c) for c in result.get("bindingConditions") or ()),
+        admin=result.get("adminAccess") is True,
     )
+
+
+def _name(value: object, field: str, *, required: bool = True) -> str:
+    """A name from the claim, as ``Admit`` takes an identifier (bounded, no control
+    characters); the refusal quotes it cut."""
+    try:
+        return identifier(str(value or ""), field, required=required)
+    except ValidationError as exc:
+        raise ClaimError(f"{exc} (got {shown(str(value or ''))})") from exc
+
+
+def _memory(consumed: Mapping[str, Any], device: str) -> int | None:
+    """Consumed memory in bytes, within what ``Admit`` takes: 1 MiB (the smallest limit
+    MPS can express) to 1 PiB."""
+    if "memory" not in consumed:
+        return None
+    try:
+        value = quantity_bytes(str(consumed["memory"]))
+    except UnitError as exc:
+        raise ClaimError(f"device {device}: consumed memory: {exc}") from exc
+    if not MIN_MEMORY_BYTES <= value <= MAX_MEMORY_BYTES:
+        raise ClaimError(
+            f"device {device}: consumed memory {shown(str(consumed['memory']))} is outside "
+            "1Mi to 1Pi (MPS cannot hold a share to it)"
+        )
+    return value
+
+
+def _threads(consumed: Mapping[str, Any], device: str) -> float | None:
+    """Consumed threads: a percentage in (0, 100], as ``Admit`` takes it."""
+    if "threads" not in consumed:
+        return None
+    try:
+        value = float(quantity(str(consumed["threads"])))
+    except (UnitError, ValueError, ArithmeticError) as exc:
+        raise ClaimError(f"device {device}: consumed threads: {exc}") from exc
+    if not 0 < value <= 100:  # NaN fails too
+        raise ClaimError(
+            f"device {device}: consumed threads {shown(str(consumed['threads']))} is outside "
+            "(0, 100] (an MPS active-thread percentage)"
+        )
+    return value
 
 
 def share_config(claim: Mapping[str, Any], driver: str, request: str) -> ShareConfig:
@@ -109,16 +155,21 @@ def _config(parameters: Mapping[str, Any], base: ShareConfig) -> ShareConfig:
         set(parameters) - {"apiVersion", "kind", "priority", "profile", "retentionFloor"}
     )
     if unknown:
-        raise ClaimError(f"{CONFIG_KIND} has unknown fields {unknown}")
+        named = ", ".join(shown(str(k), 32) for k in unknown[:5])
+        raise ClaimError(f"{CONFIG_KIND} has unknown fields {named}")
     priority = parameters.get("priority", base.priority)
     if priority not in PRIORITIES:
         raise ClaimError(f"{CONFIG_KIND}.priority must be one of {', '.join(PRIORITIES)}")
     floor = parameters.get("retentionFloor", base.retention_floor)
-    if floor is not None and (not isinstance(floor, int | float) or not 0 < float(floor) <= 1):
+    if floor is not None and (
+        isinstance(floor, bool) or not isinstance(floor, int | float) or not 0 < floor <= 1
+    ):
         raise ClaimError(f"{CONFIG_KIND}.retentionFloor must be in (0, 1]")
     profile = parameters.get("profile", base.profile)
     if profile is not None and not isinstance(profile, str):
         raise ClaimError(f"{CONFIG_KIND}.profile must be a string")
+    if profile is not None:
+        profile = _name(profile, f"{CONFIG_KIND}.profile")
     return ShareConfig(priority, profile, None if floor is None else float(floor))
 
 
@@ -142,7 +193,7 @@ def pending_conditions(claim: Mapping[str, Any], driver: str, pool: str) -> list
     }
     return [
         s
-        for s in shares(claim, driver, pool)
+        for s in results_here(claim, driver, pool)
         if s.binding_conditions and (s.device, s.share_id) not in answered
     ]
 

@@ -3,10 +3,12 @@
 ``<registry_dir>/<driver>-reg.sock``, where the kubelet's plugin watcher finds it.
 
 The kubelet dials the registration socket, asks ``GetInfo`` and answers with
-``NotifyRegistrationStatus``; a refusal is logged and kept (``registration_error``), and
-the kubelet tries again on its own. A removed socket (the kubelet deregisters a plugin
-whose registration socket goes) is noticed by polling: both are served again, the
-driver's first, so the kubelet never registers an endpoint that is not there yet.
+``NotifyRegistrationStatus``; a refusal is logged (its reason escaped and cut, as all a
+caller sends) and kept (``registration_error``), and the kubelet tries again on its own.
+As on the driver's socket, a request that cannot be decoded is INVALID_ARGUMENT. A
+removed socket (the kubelet deregisters a plugin whose registration socket goes) is
+noticed by polling: both are served again, the driver's first, so the kubelet never
+registers an endpoint that is not there yet.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from agent.core.logsafe import escaped
 from agent.dra.proto import registration_pb2 as reg_pb
 from agent.dra.proto import registration_pb2_grpc as reg_grpc
-from agent.dra.service import DraService, add_services
+from agent.dra.service import DraService, add_servicer, add_services
 from agent.kubelet.plugin import FileId, file_id, remove_stale_socket
 
 log = logging.getLogger(__name__)
@@ -71,7 +74,7 @@ class Registration(reg_grpc.RegistrationServicer):
             log.warning(
                 "DRA driver %s: the kubelet refused the registration: %s",
                 self._driver_name,
-                request.error or "(no reason given)",
+                escaped(request.error) or "(no reason given)",
             )
         return reg_pb.RegistrationStatusResponse()
 
@@ -141,7 +144,7 @@ class DraPluginServer:
         self._dra = _Socket(endpoint, lambda server: add_services(server, service))
         self._reg = _Socket(
             Path(registry_dir) / f"{driver_name}-reg.sock",
-            lambda server: reg_grpc.add_RegistrationServicer_to_server(self.registration, server),
+            lambda server: add_servicer(server, reg_pb, "Registration", self.registration),
         )
         self._poll_s = poll_s
         self._supervisor: asyncio.Task[None] | None = None

@@ -4,10 +4,15 @@ and ``v1alpha1``, which kubelets up to 1.39 still read).
 
 Prepare and Unprepare answer every claim of the request, each with its own error text:
 one claim the driver cannot serve never fails the others, and an error of the driver
-itself becomes an error on each claim (logged here) rather than a failed call. The
-health stream sends the whole device list at once, again on every change and at least
-every ``resend_s`` (the kubelet turns a device it has not heard of within its timeout
-to Unknown)."""
+itself becomes an error on each claim (logged here) rather than a failed call. A claim
+whose reference is not a Kubernetes object's (``claim_fault``) is answered with why and
+never reaches the driver. The health stream sends the whole device list at once, again
+on every change and at least every ``resend_s`` (the kubelet turns a device it has not
+heard of within its timeout to Unknown).
+
+Requests are decoded in the handlers, not by gRPC: one that is not the method's message
+(not protobuf, a string not UTF-8) is INVALID_ARGUMENT, with one log line and no
+traceback. What a caller sends reaches a log line only escaped and cut."""
 
 from __future__ import annotations
 
@@ -15,14 +20,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 
-from agent.dra.port import ClaimRef, DeviceHealth, Driver, Prepared, PreparedDevice
+from agent.core.logsafe import escaped
+from agent.dra.port import ClaimRef, DeviceHealth, Driver, Prepared, PreparedDevice, claim_fault
 from agent.dra.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -45,13 +54,25 @@ def claim_refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
 
 
-def prepare_response(
-    pb: ModuleType, claims: Sequence[ClaimRef], answers: Mapping[str, Prepared]
-) -> Any:
-    out = {}
+def checked(claims: Iterable[ClaimRef], call: str) -> tuple[list[ClaimRef], dict[str, str]]:
+    """The claims the driver may see, and the others' errors by UID (each logged)."""
+    good: list[ClaimRef] = []
+    refused: dict[str, str] = {}
     for claim in claims:
-        answer = answers.get(claim.uid) or Prepared(error="the driver gave no answer")
-        out[claim.uid] = pb.NodePrepareResourceResponse(
+        fault = claim_fault(claim)
+        if fault:
+            log.warning("%s: claim %s refused: %s", call, claim, fault)
+            refused[claim.uid] = fault
+        else:
+            good.append(claim)
+    return good, refused
+
+
+def prepare_response(pb: ModuleType, uids: Iterable[str], answers: Mapping[str, Prepared]) -> Any:
+    out = {}
+    for uid in uids:
+        answer = answers.get(uid) or Prepared(error="the driver gave no answer")
+        out[uid] = pb.NodePrepareResourceResponse(
             devices=[device_message(pb, d) for d in answer.devices], error=answer.error
         )
     return pb.NodePrepareResourcesResponse(claims=out)
@@ -71,14 +92,10 @@ def device_message(pb: ModuleType, device: PreparedDevice) -> Any:
     return pb.Device(**fields)
 
 
-def unprepare_response(
-    pb: ModuleType, claims: Sequence[ClaimRef], errors: Mapping[str, str]
-) -> Any:
+def unprepare_response(pb: ModuleType, uids: Iterable[str], errors: Mapping[str, str]) -> Any:
     out = {
-        c.uid: pb.NodeUnprepareResourceResponse(
-            error=errors.get(c.uid, "the driver gave no answer")
-        )
-        for c in claims
+        uid: pb.NodeUnprepareResourceResponse(error=errors.get(uid, "the driver gave no answer"))
+        for uid in uids
     }
     return pb.NodeUnprepareResourcesResponse(claims=out)
 
@@ -107,28 +124,38 @@ class DraService:
         self.health_changed()
 
     async def prepare(self, pb: ModuleType, request: Any) -> Any:
-        claims = claim_refs(request)
+        """An answer per claim (none asked: the liveness probe of some drivers)."""
+        claims, refused = checked(claim_refs(request), "NodePrepareResources")
         self.prepares += 1
-        if not claims:  # the liveness probe of some drivers: nothing to do
-            return pb.NodePrepareResourcesResponse()
+        answers = {
+            **await self._prepare(claims),
+            **{uid: Prepared(error=error) for uid, error in refused.items()},
+        }
+        return prepare_response(pb, [*(c.uid for c in claims), *refused], answers)
+
+    async def unprepare(self, pb: ModuleType, request: Any) -> Any:
+        claims, refused = checked(claim_refs(request), "NodeUnprepareResources")
+        errors = {**await self._unprepare(claims), **refused}
+        return unprepare_response(pb, [*(c.uid for c in claims), *refused], errors)
+
+    async def _prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Prepared]:
+        if not claims:
+            return {}
         try:
-            answers = await self._driver.prepare(claims)
+            return await self._driver.prepare(claims)
         except Exception:
             log.exception("NodePrepareResources %s failed", [str(c) for c in claims])
             error = DRIVER_FAILED.format(what="prepare")
-            answers = {c.uid: Prepared(error=error) for c in claims}
-        return prepare_response(pb, claims, answers)
+            return {c.uid: Prepared(error=error) for c in claims}
 
-    async def unprepare(self, pb: ModuleType, request: Any) -> Any:
-        claims = claim_refs(request)
+    async def _unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         if not claims:
-            return pb.NodeUnprepareResourcesResponse()
+            return {}
         try:
-            errors = await self._driver.unprepare(claims)
+            return await self._driver.unprepare(claims)
         except Exception:
             log.exception("NodeUnprepareResources %s failed", [str(c) for c in claims])
-            errors = {c.uid: DRIVER_FAILED.format(what="unprepare") for c in claims}
-        return unprepare_response(pb, claims, errors)
+            return {c.uid: DRIVER_FAILED.format(what="unprepare") for c in claims}
 
     def health_message(self, pb: ModuleType) -> Any:
         try:
@@ -204,9 +231,64 @@ class HealthV1alpha1(health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
 
 
 def add_services(server: grpc.aio.Server, service: DraService) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(PluginV1(service), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(PluginV1beta1(service), server)
-    health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthV1(service), server)
-    health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-        HealthV1alpha1(service), server
+    add_servicer(server, dra_v1_pb2, "DRAPlugin", PluginV1(service))
+    add_servicer(server, dra_v1beta1_pb2, "DRAPlugin", PluginV1beta1(service))
+    add_servicer(server, health_v1_pb2, "DRAResourceHealth", HealthV1(service))
+    add_servicer(server, health_v1alpha1_pb2, "DRAResourceHealth", HealthV1alpha1(service))
+
+
+# -- requests decoded in the handlers -------------------------------------------------------
+
+
+def add_servicer(server: grpc.aio.Server, pb: ModuleType, service: str, servicer: object) -> None:
+    """Serve ``servicer``'s methods of ``pb``'s ``service`` (the generated code's names),
+    each request decoded in its handler: gRPC's own decoding answers a request it cannot
+    decode with UNKNOWN and logs a traceback."""
+    descriptor = pb.DESCRIPTOR.services_by_name[service]
+    handlers = {m.name: method_handler(m, getattr(servicer, m.name)) for m in descriptor.methods}
+    generic = grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+    server.add_generic_rpc_handlers((generic,))
+
+
+def method_handler(
+    method: MethodDescriptor, call: Callable[..., Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    if method.client_streaming:
+        raise ValueError(f"{method.full_name}: client streaming is not served")
+    request_type = GetMessageClass(method.input_type)
+    serialize = GetMessageClass(method.output_type).SerializeToString
+    if method.server_streaming:
+        return grpc.unary_stream_rpc_method_handler(
+            _streaming(request_type, call), response_serializer=serialize
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        _unary(request_type, call), response_serializer=serialize
     )
+
+
+def _unary(request_type: type[Message], call: Callable[..., Any]) -> Callable[..., Any]:
+    async def handle(raw: bytes, context: Context) -> Any:
+        return await call(await decoded(request_type, raw, context), context)
+
+    return handle
+
+
+def _streaming(request_type: type[Message], call: Callable[..., Any]) -> Callable[..., Any]:
+    async def handle(raw: bytes, context: Context) -> AsyncIterator[Any]:
+        async for message in call(await decoded(request_type, raw, context), context):
+            yield message
+
+    return handle
+
+
+async def decoded(request_type: type[Message], raw: bytes, context: Context) -> Message:
+    """``raw`` as a ``request_type``, or the call ends with INVALID_ARGUMENT."""
+    request = request_type()
+    try:
+        request.ParseFromString(raw)
+    except (DecodeError, UnicodeDecodeError) as exc:
+        name = request_type.DESCRIPTOR.full_name
+        why = escaped(str(exc), 200)
+        log.warning("a request that is not a %s was refused: %s", name, why)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid {name}: {why}")
+    return request

@@ -1,24 +1,28 @@
-"""The node's ResourceSlice: what the default scheduler allocates from. One slice per node
-(the pool is the node, its devices are the node's shared GPUs and MIG instances), owned by
-the Node object so that it goes with the node.
+"""The node's ResourceSlices: what the default scheduler allocates from. The pool is the
+node (named by it), its devices the node's shared GPUs and MIG instances, cut into as many
+slices as it takes of at most ``MAX_DEVICES`` each; every slice is owned by the Node object
+so that it goes with the node.
 
-:func:`slice_body` is a pure function of the devices; :class:`SlicePublisher` keeps the
-API's copy equal to the latest devices it was given: it writes only on a change, at most
-once per ``min_interval_s`` (a burst of changes becomes one write of the last state),
-bumps the pool's generation with every write, deletes any other slice of its pool, and
-writes again when the slice is gone (the kubelet deletes a node's slices when it starts,
-and a driver's when none of its sockets stayed connected for 30 s)."""
+:func:`slice_body` is a pure function of the devices, :func:`plan_pool` of the stored and
+the wanted slices; :class:`SlicePublisher` keeps the API's slices of its pool equal to the
+latest devices it was given: it writes only on a change, at most once per
+``min_interval_s`` (a burst of changes becomes one write of the last state, one publish
+event however many slices it writes), moves every slice of the pool to a new generation
+with each change (consumers use only the newest generation, once they have all its
+slices), deletes the pool's extra slices, and writes a slice again when it is gone (the
+kubelet deletes a node's slices when it starts, and a driver's when none of its sockets
+stayed connected for 30 s; the garbage collector deletes those of a Node object that was
+deleted: the owner is read again before every slice created)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.kubeapi.port import Conflict, KubeError, NotFound, Obj, ResourceApi
+from agent.kubeapi.port import Obj
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +107,24 @@ def _kind(value: Attribute) -> str:
     return "int" if isinstance(value, int) else "string"
 
 
+def chunks_of(devices: Sequence[SliceDevice]) -> list[tuple[SliceDevice, ...]]:
+    """The pool's devices, in their order, cut into slices of at most ``MAX_DEVICES`` (one
+    empty slice when there are none: the pool still says it has no devices)."""
+    return [tuple(devices[i : i + MAX_DEVICES]) for i in range(0, len(devices), MAX_DEVICES)] or [
+        ()
+    ]
+
+
 def slice_body(
-    driver: str, node: str, node_uid: str, devices: Sequence[SliceDevice], generation: int
+    driver: str,
+    node: str,
+    node_uid: str,
+    devices: Sequence[SliceDevice],
+    generation: int,
+    count: int = 1,
 ) -> Obj:
-    """The node's one ResourceSlice (without name: ``generateName`` picks it)."""
+    """One of the ``count`` ResourceSlices of the node's pool (without name:
+    ``generateName`` picks it)."""
     if len(devices) > MAX_DEVICES:
         raise ValueError(f"{len(devices)} devices: a slice holds at most {MAX_DEVICES}")
     metadata: Obj = {"generateName": f"{node}-{driver}-"}
@@ -121,7 +139,7 @@ def slice_body(
         "spec": {
             "driver": driver,
             "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
             "devices": [d.json() for d in devices],
         },
     }
@@ -130,10 +148,10 @@ def slice_body(
 def same_devices(stored: Obj, desired: Obj) -> bool:
     """Do two slices publish the same devices (taints' times aside when one is unset: the
     API server fills them in)?"""
-    return _comparable(stored) == _comparable(desired)
+    return comparable(stored) == comparable(desired)
 
 
-def _comparable(slice_obj: Obj) -> list[Any]:
+def comparable(slice_obj: Obj) -> list[Any]:
     devices = ((slice_obj.get("spec") or {}).get("devices")) or []
     out = []
     for device in devices:
@@ -154,178 +172,139 @@ def generation_of(slice_obj: Obj) -> int:
         return 0
 
 
-class SlicePublisher:
-    """Keeps the node's slice equal to the devices last given to :meth:`publish`."""
-
-    def __init__(
-        self,
-        api: ResourceApi,
-        *,
-        driver: str,
-        node: str,
-        min_interval_s: float = 1.0,
-        resync_s: float = 30.0,
-        backoff_max_s: float = 30.0,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        self._api = api
-        self.driver = driver
-        self.node = node
-        self._min_interval_s = min_interval_s
-        self._resync_s = resync_s
-        self._backoff_max_s = backoff_max_s
-        self._clock = clock or (lambda: asyncio.get_running_loop().time())
-        self._desired: tuple[SliceDevice, ...] | None = None
-        self._changed = asyncio.Event()
-        self._node_uid = ""
-        self.writes = 0  # creates, replaces and deletes sent
-        self.generation = 0
-        self._accepted: tuple[tuple[SliceDevice, ...], list[Any]] | None = None
-        self.dropped: list[str] = []  # device fields the server did not keep (logged once)
-        self.synced = asyncio.Event()  # set once the API holds the latest devices
-
-    def publish(self, devices: Sequence[SliceDevice]) -> None:
-        """Ask for these devices to be published; returns at once (no I/O)."""
-        desired = tuple(devices)
-        if desired != self._desired:
-            self._desired = desired
-            self.synced.clear()
-            self._changed.set()
-
-    async def run(self) -> None:
-        """Publish until cancelled: after each change, and every ``resync_s`` (the slice
-        may have been deleted under us)."""
-        failures = 0
-        last_write = -self._min_interval_s
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self._resync_s)
-            wait_s = last_write + self._min_interval_s - self._clock()
-            if wait_s > 0:
-                await asyncio.sleep(wait_s)  # coalesce: what changes meanwhile goes too
-            self._changed.clear()
-            try:
-                if await self.sync_once():
-                    last_write = self._clock()
-                failures = 0
-            except (KubeError, OSError) as exc:
-                failures += 1
-                delay_s = min(self._backoff_max_s, self._min_interval_s * 2.0**failures)
-                log.warning(
-                    "publishing the ResourceSlice failed (%s); again in %.1fs", exc, delay_s
-                )
-                self._changed.set()
-                await asyncio.sleep(delay_s)
-
-    async def sync_once(self) -> bool:
-        """One comparison with the API and the writes it calls for; True if it wrote."""
-        if self._desired is None:
-            return False
-        desired = self._desired
-        if not self._node_uid:
-            self._node_uid = await self._owner_uid()
-        listing = await self._api.list_resource_slices(
-            field_selector=f"spec.nodeName={self.node},spec.driver={self.driver}"
-        )
-        mine = [s for s in listing.items if _pool_of(s) == self.node]
-        highest = max((generation_of(s) for s in mine), default=0)
-        self.generation = max(self.generation, highest)
-        body = slice_body(self.driver, self.node, self._node_uid, desired, self.generation)
-        keep = next((s for s in mine if generation_of(s) == highest), None)
-        wrote = await self._delete_others(mine, keep)
-        if keep is not None and _counted_one(keep) and self._unchanged(keep, body, desired):
-            self._synced_if(desired)
-            return wrote
-        stored = await self._write(keep, body)
-        self._accepted = (desired, _comparable(stored))
-        if _comparable(stored) != _comparable(body):
-            self._note_dropped(body, stored)
-        self._synced_if(desired)
-        return True
-
-    def _unchanged(self, keep: Obj, body: Obj, desired: tuple[SliceDevice, ...]) -> bool:
-        """The stored slice already publishes ``desired``: the same devices, or what the
-        server kept of them when it was last written (fields it drops, such as binding
-        conditions or taints on a cluster without their feature gates, are not written
-        again and again)."""
-        if same_devices(keep, body):
-            return True
-        accepted = self._accepted
-        return accepted is not None and accepted[0] == desired and _comparable(keep) == accepted[1]
-
-    def _note_dropped(self, body: Obj, stored: Obj) -> None:
-        sent = {k for d in (body["spec"].get("devices") or []) for k in d}
-        kept = {k for d in ((stored.get("spec") or {}).get("devices") or []) for k in d}
-        dropped = sorted(sent - kept) or ["some values"]
-        if dropped != self.dropped:
-            self.dropped = dropped
-            log.warning(
-                "the API server dropped %s of the published devices (feature gates off?): "
-                "the scheduler does not see them",
-                ", ".join(dropped),
-            )
-
-    async def _write(self, keep: Obj | None, body: Obj) -> Obj:
-        """Create or replace the slice; the object as the server stored it."""
-        self.generation += 1
-        body["spec"]["pool"]["generation"] = self.generation
-        self.writes += 1
-        if keep is None:
-            created = await self._api.create_resource_slice(body)
-            log.info("published ResourceSlice %s (generation %d)", _name(created), self.generation)
-            return created
-        body["metadata"] = {**body["metadata"], **_identity(keep)}
-        del body["metadata"]["generateName"]
-        try:
-            stored = await self._api.replace_resource_slice(_name(keep), body)
-        except Conflict:
-            self._changed.set()  # changed under us: compare again at once
-            raise
-        log.info("updated ResourceSlice %s (generation %d)", _name(keep), self.generation)
-        return stored
-
-    async def _delete_others(self, mine: list[Obj], keep: Obj | None) -> bool:
-        wrote = False
-        for other in mine:
-            if other is keep:
-                continue
-            self.writes += 1
-            wrote = True
-            with contextlib.suppress(NotFound):
-                await self._api.delete_resource_slice(_name(other), uid=_uid(other))
-        return wrote
-
-    async def _owner_uid(self) -> str:
-        try:
-            node = await self._api.get_node(self.node)
-        except NotFound:
-            log.warning("node %s not found: its ResourceSlice has no owner", self.node)
-            return ""
-        return str((node.get("metadata") or {}).get("uid") or "")
-
-    def _synced_if(self, desired: tuple[SliceDevice, ...]) -> None:
-        if desired == self._desired:
-            self.synced.set()
+TaintTimes = Mapping[tuple[str, str, str, str], str]  # (device, key, value, effect) -> time
 
 
-def _pool_of(slice_obj: Obj) -> str:
+def taint_times(slices: Iterable[Obj]) -> TaintTimes:
+    """The ``timeAdded`` of each stored taint."""
+    return {
+        _taint_id(device, taint): str(taint["timeAdded"])
+        for found in slices
+        for device in devices_of(found)
+        for taint in device.get("taints") or []
+        if taint.get("timeAdded")
+    }
+
+
+def keep_taint_times(body: Obj, times: TaintTimes) -> Obj:
+    """``body`` with each of its untimed taints given the time it is stored with, if it
+    is: a taint stays as old as it is when its slice is written again (a ``NoExecute``
+    toleration's seconds count from it), rather than timed anew by the API server."""
+    for device in devices_of(body):
+        for taint in device.get("taints") or []:
+            stored = times.get(_taint_id(device, taint))
+            if stored and not taint.get("timeAdded"):
+                taint["timeAdded"] = stored
+    return body
+
+
+def _taint_id(device: Obj, taint: Obj) -> tuple[str, str, str, str]:
+    key, value, effect = (str(taint.get(k) or "") for k in ("key", "value", "effect"))
+    return str(device.get("name")), key, value, effect
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """The writes that make the API's slices of a pool the wanted ones: the generation
+    they carry, each wanted slice (by index) written over a stored one or created
+    (``None``), and the stored slices deleted."""
+
+    generation: int
+    writes: tuple[tuple[int, Obj | None], ...] = ()
+    deletes: tuple[Obj, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.writes and not self.deletes
+
+    @property
+    def creates(self) -> bool:
+        return any(keep is None for _, keep in self.writes)
+
+
+Fits = Callable[[Obj, int], bool]  # does a stored slice publish the wanted slice of index i?
+
+
+def plan_pool(
+    stored: Sequence[Obj], wanted: Sequence[list[str]], fits: Fits, next_generation: int
+) -> PoolPlan:
+    """What to write so that the pool's newest generation is the ``wanted`` slices (their
+    device names; ``fits`` compares contents). While every slice of the newest generation
+    is one of the wanted ones, that generation is completed (a slice wiped, or a write that
+    failed half way); otherwise all wanted slices are written at ``next_generation`` (a
+    consumer uses only the newest generation's slices, and only once it has all of them).
+    Stored slices are written over rather than created and deleted, one holding the same
+    devices first; those left over are deleted."""
+    highest = max((generation_of(s) for s in stored), default=0)
+    current = [s for s in stored if generation_of(s) == highest]
+    held: dict[int, Obj] = {}
+    for found in current:
+        index = next((i for i in range(len(wanted)) if i not in held and fits(found, i)), None)
+        if index is not None:
+            held[index] = found
+    if not current or any(not any(fits(s, i) for i in range(len(wanted))) for s in current):
+        highest, held = next_generation, {}
+    leftovers = sorted((s for s in stored if not _among(s, held.values())), key=name_of)
+    writes = tuple((i, _reuse(leftovers, names)) for i, names in enumerate(wanted) if i not in held)
+    return PoolPlan(highest, writes, tuple(leftovers))
+
+
+def _among(found: Obj, others: Iterable[Obj]) -> bool:
+    return any(found is other for other in others)
+
+
+def _reuse(leftovers: list[Obj], names: list[str]) -> Obj | None:
+    """A stored slice to write over (taken from ``leftovers``): one of the same devices if
+    there is one."""
+    if not leftovers:
+        return None
+    chosen = next((s for s in leftovers if device_names(s) == names), leftovers[0])
+    leftovers[:] = [s for s in leftovers if s is not chosen]
+    return chosen
+
+
+def comparable_key(comparable: list[Any]) -> str:
+    return json.dumps(comparable, sort_keys=True)
+
+
+def key_of(body: Obj) -> str:
+    return comparable_key(comparable(body))
+
+
+def pool_of(slice_obj: Obj) -> str:
     return str(((slice_obj.get("spec") or {}).get("pool") or {}).get("name") or "")
 
 
-def _counted_one(slice_obj: Obj) -> bool:
+def slice_count(slice_obj: Obj) -> int:
     pool = (slice_obj.get("spec") or {}).get("pool") or {}
-    return pool.get("resourceSliceCount") == 1
+    count = pool.get("resourceSliceCount")
+    return count if isinstance(count, int) else 0
 
 
-def _name(obj: Obj) -> str:
+def devices_of(slice_obj: Obj) -> list[Obj]:
+    return list((slice_obj.get("spec") or {}).get("devices") or [])
+
+
+def device_names(slice_obj: Obj) -> list[str]:
+    return [str(d.get("name")) for d in devices_of(slice_obj)]
+
+
+def owner_of(slice_obj: Obj) -> str:
+    owners = (slice_obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((str(o.get("uid") or "") for o in owners if o.get("kind") == "Node"), "")
+
+
+def name_of(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
 
 
-def _uid(obj: Obj) -> str:
+def uid_of(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
-def _identity(obj: Obj) -> dict[str, Any]:
+def identity_of(obj: Obj) -> dict[str, Any]:
+    """What a replace keeps of the stored slice: not its owner (the body names the Node
+    as it is now)."""
     meta = obj.get("metadata") or {}
-    keys = ("name", "uid", "resourceVersion", "ownerReferences")
+    keys = ("name", "uid", "resourceVersion")
     return {k: meta[k] for k in keys if k in meta}

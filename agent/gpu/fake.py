@@ -48,8 +48,17 @@ class FakeGpuBackend:
 
     @classmethod
     def with_gpus(
-        cls, count: int, *, model: str = "H100-SXM5-80GB", memory_bytes: int = 80 * GIB
+        cls,
+        count: int,
+        *,
+        model: str = "H100-SXM5-80GB",
+        memory_bytes: int = 80 * GIB,
+        minors: Sequence[int] | None = None,
     ) -> FakeGpuBackend:
+        """``count`` GPUs; their minor numbers ``minors`` (by index), else their indexes."""
+        numbers = list(range(count)) if minors is None else list(minors)
+        if len(numbers) != count:
+            raise ValueError(f"{count} GPUs need {count} minor numbers, not {len(numbers)}")
         devices = [
             Device(
                 uuid=fake_uuid("GPU", model, i),
@@ -57,6 +66,7 @@ class FakeGpuBackend:
                 model=model,
                 memory_bytes=memory_bytes,
                 sharing_mode=SharingMode.MPS,
+                minor=numbers[i],
             )
             for i in range(count)
         ]

@@ -5,6 +5,8 @@ NVML is initialised once in ``start`` and every call runs in a worker thread. NV
 become :class:`GpuError` with the original chained; a missing library or driver becomes
 :class:`GpuUnavailableError` with a message that says what is missing and how to run
 without a GPU. A GPU in MIG mode is listed as its MIG instances, each a device of its own.
+Each device carries its minor number (its /dev/nvidia<N>, which need not follow the index;
+a MIG instance its parent's) and a MIG instance its GPU and compute instance ids.
 """
 
 from __future__ import annotations
@@ -156,7 +158,14 @@ def _device(handle: Any, index: int) -> Device:
         memory_bytes=int(memory.total),
         sharing_mode=SharingMode.MPS,
         compute_capability=(int(major), int(minor)),
+        minor=_minor_number(handle),
     )
+
+
+def _minor_number(handle: Any) -> int | None:
+    """The GPU's /dev/nvidia<N> (None where NVML has no device nodes to tell of)."""
+    number = optional(pynvml.nvmlDeviceGetMinorNumber, handle)
+    return None if number is None else int(number)
 
 
 def _mig_devices(handle: Any, gpu: Device) -> list[Device]:
@@ -180,6 +189,10 @@ def _mig_devices(handle: Any, gpu: Device) -> list[Device]:
                 mig_profile=name.rsplit("MIG ", 1)[-1] if "MIG " in name else name,
                 gpu_instance_id=int(
                     call("read MIG instance", pynvml.nvmlDeviceGetGpuInstanceId, mig)
+                ),
+                minor=gpu.minor,
+                compute_instance_id=int(
+                    call("read MIG compute instance", pynvml.nvmlDeviceGetComputeInstanceId, mig)
                 ),
             )
         )

@@ -2,7 +2,8 @@
 
 Start: clear what a *dead* daemon left behind (the directories are prepared by
 :mod:`agent.mps.pipes`), and run the binary in the foreground (``-f``, umask 077) in its own
-session with its log going to ``control.log`` (a
+session (through :mod:`agent.mps.shmexec` when it gets shared memory of its own, see
+:mod:`agent.mps.shm`) with its log going to ``control.log`` (a
 file, not a pipe, so the daemon outlives an agent crash and is adopted by the next agent).
 A daemon found alive holds the POSIX lock on ``control_lock``; its files are never touched.
 Stop: ``quit -t``, wait, SIGTERM, SIGKILL, then remove the directories. Every step is logged
@@ -20,7 +21,7 @@ import shutil
 import signal
 import subprocess  # noqa: TID251 (a daemon must outlive the agent: see DaemonProcess)
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agent.core.errors import MpsError
@@ -103,15 +104,23 @@ class DaemonProcess:
 
     @classmethod
     async def spawn(
-        cls, binary: str, env: Mapping[str, str], paths: DaemonPaths, *, multi_user: bool
+        cls,
+        binary: str,
+        env: Mapping[str, str],
+        paths: DaemonPaths,
+        *,
+        multi_user: bool,
+        prefix: Sequence[str] = (),
     ) -> DaemonProcess:
+        """Start the daemon; ``prefix`` runs first and ``exec``s it (same PID): the shared
+        memory of its own (:mod:`agent.mps.shmexec`)."""
         args = ["-f", *(["-M"] if multi_user else [])]
         # A quick local open; the daemon then writes its log straight into the file.
         with open(Path(paths.log_dir) / "control.log", "ab") as log_file:  # noqa: ASYNC230
             try:
                 process = await asyncio.to_thread(
                     subprocess.Popen,
-                    [binary, *args],
+                    [*prefix, binary, *args],
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,

@@ -66,6 +66,12 @@ class FakeMpsManager:
         self.shut_down.append((device_uuid, server_pid))
         self._replace(device_uuid, server, None)
 
+    def shm_dir(self, device_uuid: str) -> str:
+        return ""  # no MPS server: containers get the caller's directory, if any
+
+    async def claim_shm(self, device_uuid: str, trust_domain: str, *, sole: bool = False) -> str:
+        return ""
+
     # -- test hooks ------------------------------------------------------------------------
 
     def mark_down(self, device_uuid: str, detail: str) -> None:

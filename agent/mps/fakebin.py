@@ -7,7 +7,10 @@ stdout), and without either it is the front-end: it sends stdin to the daemon of
 lock on ``control_lock``, leaves its sockets behind when it quits, serves one UI connection
 at a time (others get an empty answer), and starts one server process per UID (here a
 ``sleep`` process, so server PIDs are real). Used by the simulated node when the real binary
-is absent, and by the tests.
+is absent, and by the tests. With ``GPUSHARE_FAKE_MPS_SHM=1`` in its environment each
+stand-in server also creates its region ``mps.shm.<uid>.<pid>`` in the ``/dev/shm`` it sees,
+as a real server does, and the daemon removes it when the server ends (the 535 daemon
+logs ``Removed Shm file at``): what shows which /dev/shm a daemon's servers have.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def _dirs() -> tuple[Path, Path]:
 # util-linux's setpriv sets the child's parent-death signal before it runs sleep: the kernel
 # kills the stand-in server when its daemon dies
 SERVER = ["setpriv", "--pdeathsig", "KILL", "--", "sleep", "infinity"]
+SHM_ENV = "GPUSHARE_FAKE_MPS_SHM"
+# the stand-in server makes its region in the /dev/shm it sees, then waits
+SHM_SERVER = 'touch "/dev/shm/mps.shm.$(id -u).$$" && exec sleep infinity'
 
 
 class FakeDaemon:
@@ -65,6 +71,8 @@ class FakeDaemon:
         """A stand-in server process that dies with this daemon, however it ends (SIGKILL
         included), as a real MPS server goes with its control daemon."""
         command = SERVER if shutil.which("setpriv") else SERVER[4:]
+        if os.environ.get(SHM_ENV) == "1":
+            command = [*command[: command.index("sleep")], "sh", "-c", SHM_SERVER]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
         self.servers[process.pid] = process
         return process.pid
@@ -74,6 +82,10 @@ class FakeDaemon:
         if process is not None:
             process.kill()
             process.wait()
+        regions = Path("/dev/shm").glob(f"mps.shm.*.{pid}") if os.environ.get(SHM_ENV) else ()
+        for region in regions:
+            region.unlink(missing_ok=True)
+            self.state.log(f"Removed Shm file at {region}")
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.busy or self.hung:

@@ -3,7 +3,9 @@
 
 The host starts a daemon for every MPS device that has none (a live daemon holding its lock
 is left alone), starts it again after a backoff when it exits, and quits them all when it is
-stopped itself (SIGTERM: ``quit``, then SIGTERM, then SIGKILL). The agent adopts these
+stopped itself (SIGTERM: ``quit``, then SIGTERM, then SIGKILL). With ``mps.shm_root`` it
+mounts each device's shared memory and starts the daemon in its mount namespace
+(:mod:`agent.mps.shm`), and detaches that memory when it quits the daemon. The agent adopts these
 daemons, applies their defaults and per-lease limits, and watches their health; it never
 starts or stops them. A daemon the agent finds hung is killed by the agent and started
 again here. Under Kubernetes the host runs in a DaemonSet of its own with
@@ -20,9 +22,11 @@ from collections.abc import Sequence
 from agent.core.errors import MpsError
 from agent.core.types import Device, SharingMode
 from agent.mps import daemon as proc
+from agent.mps import shm
 from agent.mps.control import MpsControlClient, SubprocessMpsControl
 from agent.mps.limits import DaemonPaths, daemon_environment
 from agent.mps.pipes import PipeWatch, resolve_access
+from agent.mps.shmstate import OFF, Isolation
 from agent.mps.supervisor import SupervisorOptions
 
 log = logging.getLogger(__name__)
@@ -33,9 +37,14 @@ class DaemonKeeper:
     """Keeps one device's control daemon running."""
 
     def __init__(
-        self, device: Device, options: SupervisorOptions, command_timeout_s: float
+        self,
+        device: Device,
+        options: SupervisorOptions,
+        command_timeout_s: float,
+        isolation: Isolation = OFF,
     ) -> None:
         self.device = device
+        self.isolation = isolation
         self.options = options
         self.command_timeout_s = command_timeout_s
         self.paths = DaemonPaths(options.root_dir, device.uuid)
@@ -58,8 +67,14 @@ class DaemonKeeper:
         removed = proc.clear_stale_files(self.paths.pipe_dir)
         if removed:
             log.info("MPS host: removed %s of a dead daemon", ", ".join(removed))
-        self.process = await proc.DaemonProcess.spawn(
-            self.options.binary, self.env, self.paths, multi_user=self.options.multi_user
+        self.process = await shm.spawn(
+            self.options.binary,
+            self.env,
+            self.paths,
+            self.device.uuid,
+            multi_user=self.options.multi_user,
+            options=self.options.shm,
+            isolation=self.isolation,
         )
         self.starts += 1
         log.info("MPS host: started daemon %d of %s", self.process.pid, self.device.uuid)
@@ -90,6 +105,7 @@ class DaemonKeeper:
         """Quit the daemon (then SIGTERM, SIGKILL); how it ended."""
         process = self.process
         if process is None or not process.alive():
+            self._release_shm()
             return "not running"
         channel = SubprocessMpsControl(
             self.options.binary, self.env, timeout_s=self.command_timeout_s
@@ -100,13 +116,21 @@ class DaemonKeeper:
         except MpsError as exc:
             log.warning("MPS host: quit of daemon %d failed: %s", process.pid, exc)
             quit_sent = False
-        return await proc.stop_ladder(
+        how = await proc.stop_ladder(
             process,
             quit_sent=quit_sent,
             quit_wait_s=self.options.quit_timeout_s + 1.0,
             term_wait_s=2.0,
             device=self.device.uuid,
         )
+        self._release_shm()
+        return how
+
+    def _release_shm(self) -> None:
+        """The device's shared memory goes with its daemon: the next one gets a fresh tmpfs
+        (containers still holding the old one keep it, and nobody else sees it)."""
+        if self.isolation.isolated:
+            shm.release_dir(self.options.shm, self.device.uuid)
 
 
 class MpsHost:
@@ -115,6 +139,7 @@ class MpsHost:
     def __init__(
         self, devices: Sequence[Device], options: SupervisorOptions, command_timeout_s: float
     ) -> None:
+        self.options = options
         self.keepers = [
             DaemonKeeper(d, options, command_timeout_s)
             for d in devices
@@ -122,7 +147,16 @@ class MpsHost:
         ]
 
     async def run(self) -> None:
-        log.info("MPS host: keeping %d daemon(s)", len(self.keepers))
+        isolation = await shm.isolation_here(self.options.shm)
+        for keeper in self.keepers:
+            keeper.isolation = isolation
+        log.info(
+            "MPS host: keeping %d daemon(s); shared memory: %s",
+            len(self.keepers),
+            "one tmpfs per device"
+            if isolation.isolated
+            else f"the host's /dev/shm ({isolation.reason})",
+        )
         async with asyncio.TaskGroup() as group:
             for keeper in self.keepers:
                 group.create_task(keeper.run(), name=f"mps-host-{keeper.device.index}")

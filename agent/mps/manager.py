@@ -3,6 +3,12 @@
 A device whose daemon cannot start is reported down (and ``/readyz`` says so); its
 supervisor keeps retrying with backoff. Nothing is admitted onto a device whose daemon is
 down: the agent fails closed.
+
+With ``mps.shm_root`` each device's servers have shared memory of their own
+(:mod:`agent.mps.shm`): :meth:`SupervisedMpsManager.shm_dir` names it for the container
+edits, :meth:`SupervisedMpsManager.claim_shm` makes it ready for a container of a trust
+domain. Whether the daemons this agent starts can get it is decided once at start
+(:func:`agent.mps.shm.decide`); a daemon of the MPS host has whatever its record says.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from agent.core.errors import GpuError, MpsError
 from agent.core.types import Device, MpsDaemonState, SharingMode
+from agent.mps import shm
 from agent.mps.port import EventSink
+from agent.mps.shmstate import Isolation
 from agent.mps.supervisor import (
     ChannelFactory,
     DaemonDefaults,
@@ -82,6 +90,7 @@ class SupervisedMpsManager:
             check_release(self._options.binary, await self._driver())
         if self._options.multi_user:
             await check_multi_user(self._options.binary)
+        isolation = await self._isolation()
         for device in devices:
             if device.sharing_mode is SharingMode.MPS:
                 self.supervisors[device.uuid] = DaemonSupervisor(
@@ -91,6 +100,7 @@ class SupervisedMpsManager:
                     channel_factory=self._channel_factory,
                     emit=self._emit,
                     set_exclusive=self._set_exclusive,
+                    isolation=isolation,
                 )
         results = await asyncio.gather(
             *(s.start() for s in self.supervisors.values()), return_exceptions=True
@@ -105,6 +115,13 @@ class SupervisedMpsManager:
         log.info(
             "MPS: %d of %d daemon(s) up, binary %s", up, len(self.supervisors), self._options.binary
         )
+
+    async def _isolation(self) -> Isolation:
+        """Whether the daemons this agent starts get shared memory of their own (never asked
+        with mps.launch 'host': the host starts them, and says so in each record)."""
+        if self._options.by_host:
+            return Isolation(False, "mps.launch 'host': the MPS host starts the daemons")
+        return await shm.isolation_here(self._options.shm)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -151,6 +168,26 @@ class SupervisedMpsManager:
         supervisor.emit(
             "mps.server_shutdown", f"server {server_pid} shut down", server_pid=str(server_pid)
         )
+
+    def shm_dir(self, device_uuid: str) -> str:
+        """The host directory a client container of ``device_uuid`` gets at /dev/shm: its
+        MPS servers' own; "" when they have none (no mps.shm_root, a legacy daemon, a
+        starter that could not isolate it): then the caller's shared directory
+        (kubelet.shm_dir, dra.shm_dir)."""
+        supervisor = self.supervisors.get(device_uuid)
+        return supervisor.memory.directory if supervisor is not None else ""
+
+    async def claim_shm(self, device_uuid: str, trust_domain: str, *, sole: bool = False) -> str:
+        """Before a container of ``trust_domain`` is handed the device's shared memory: when
+        the directory last served another domain, the servers are shut down, it is emptied,
+        the domain recorded and the defaults set again (read back). ``sole``: no other live
+        lease is on the device, so a legacy daemon may be started again with its own.
+        Returns what :meth:`shm_dir` returns now; raises :class:`MpsError` when nothing may
+        be handed out (daemon down, a step failed)."""
+        supervisor = self.supervisors.get(device_uuid)
+        if supervisor is None:
+            return ""  # not an MPS device
+        return await supervisor.memory.claim(trust_domain, sole=sole)
 
     def _supervisor_of(self, device_uuid: str) -> DaemonSupervisor:
         supervisor = self.supervisors.get(device_uuid)

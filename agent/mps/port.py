@@ -37,6 +37,17 @@ class MpsManager(Protocol):
         """Shut one MPS server of the device down, so a faulted server can start afresh."""
         ...
 
+    def shm_dir(self, device_uuid: str) -> str:
+        """The host directory the device's client containers get at /dev/shm: its MPS
+        servers' own; "" when they have none (the caller's shared directory then)."""
+        ...
+
+    async def claim_shm(self, device_uuid: str, trust_domain: str, *, sole: bool = False) -> str:
+        """Make the device's shared memory ready for a container of ``trust_domain`` (emptied
+        and the servers restarted when it served another domain); what ``shm_dir`` names
+        now. Raises :class:`~agent.core.errors.MpsError` when nothing may be handed out."""
+        ...
+
 
 class ControlChannel(Protocol):
     """Sends one command line to one control daemon and returns its answer (stdout).

@@ -7,6 +7,8 @@ drifted (anyone who reaches the pipe directory can change them: a security event
 lists its servers and clients. A daemon that exits, or misses ``hung_after_probes`` probes
 in a row, is killed and started again after an exponential backoff, and its defaults are
 applied again every time. Control and server log lines become events.
+With ``mps.shm_root`` it is started with shared memory of its own, kept by
+:class:`agent.mps.shmclaim.DeviceMemory` (``memory``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from agent.mps.logfollow import LogFollower
 from agent.mps.logs import classify, parse_line
 from agent.mps.pipes import PipePermissionError, PipeWatch, resolve_access
 from agent.mps.port import ControlChannel, EventSink
+from agent.mps.shmclaim import DeviceMemory
+from agent.mps.shmstate import NO_SHM, OFF, Isolation, ShmOptions
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,7 @@ class SupervisorOptions:
     client_group: str = ""
     multi_user: bool = False
     by_host: bool = False  # mps.launch 'host': adopt only, never start or stop a daemon
+    shm: ShmOptions = NO_SHM  # mps.shm_root, mps.shm_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,7 @@ class DaemonSupervisor:
         channel_factory: ChannelFactory,
         emit: EventSink,
         set_exclusive: ExclusiveModeFn,
+        isolation: Isolation = OFF,
     ) -> None:
         self.device = device
         self.options = options
@@ -92,6 +98,7 @@ class DaemonSupervisor:
         self.answering = True
         self.pipes: PipeWatch | None = None
         self.detail = "not started"
+        self.memory = DeviceMemory(self, isolation)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -129,16 +136,15 @@ class DaemonSupervisor:
                 self.emit(
                     "mps.stale_files_removed", f"removed {', '.join(removed)} of a dead daemon"
                 )
-            self._process = await proc.DaemonProcess.spawn(
-                self.options.binary, self.env, self.paths, multi_user=self.options.multi_user
-            )
+            self._process = await self.memory.spawn()
         try:
             await self._wait_answering()
             pipes.check_start()
-            await self._apply_defaults()
+            await self.apply_defaults()
         except (MpsError, PipePermissionError):
             await self._process.kill()
             raise
+        self.memory.judge()
         self._up_since = time.monotonic()
         self.detail = ""
         self.answering = True
@@ -205,7 +211,7 @@ class DaemonSupervisor:
         lines = self._logs[0].read_new_lines()
         return lines[-1] if lines else "no log line"
 
-    async def _apply_defaults(self) -> None:
+    async def apply_defaults(self) -> None:  # and read them back
         self._read_pct = await self.client.set_default_thread_pct(self.defaults.thread_pct)
         await self.client.set_default_memory_limit(
             DAEMON_DEVICE_ORDINAL, self.defaults.memory_limit_bytes
@@ -218,12 +224,16 @@ class DaemonSupervisor:
     def up(self) -> bool:
         return self._up_since is not None
 
+    @property
+    def process(self) -> proc.DaemonProcess | None:
+        return self._process
+
     async def run(self) -> None:
         """Watch, and restart on exit or hang, until cancelled."""
         if not self.up:
             await self._restart(self.detail or "not running")
         while True:
-            reason = await self._watch()
+            reason = self.memory.why_down(await self._watch())
             self._up_since = None
             self.detail = reason
             log.warning("MPS daemon of %s is down: %s", self.device.uuid, reason)
@@ -279,7 +289,7 @@ class DaemonSupervisor:
             )
             log.warning("SECURITY %s on %s", message, self.device.uuid)
             self.emit("mps.defaults_drift", message, thread_pct=f"{pct:.1f}", limit=str(limit))
-            await self._apply_defaults()
+            await self.apply_defaults()
             return
         self._read_pct, self._read_limit = pct, limit
 
@@ -351,6 +361,7 @@ class DaemonSupervisor:
             self.emit("mps.daemon_stopped", f"control daemon {process.pid} stopped by {how}")
         await self._set_exclusive(self.device, False)
         proc.remove_dirs(self.paths)
+        self.memory.release()
         self.detail = "stopped"
 
     def leave_running(self) -> None:

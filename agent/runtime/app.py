@@ -153,7 +153,7 @@ class App:
         """Serve until SIGTERM/SIGINT (exit code 0) or a crashed core task (exit code 1)."""
         checks.prepare_runtime_dir(self.settings.paths.runtime_dir)
         Path(self.settings.unix_socket_path).parent.mkdir(parents=True, exist_ok=True)
-        self.lock.acquire()
+        await self.lock.acquire_waiting(self.settings.runtime.lock_wait_s)
         failure: str | None = "start-up did not finish"
         try:
             signals.install(stop=self._on_signal, reload=self._on_reload)
@@ -271,8 +271,9 @@ class App:
             ),
         )
         await self.node.load()
+        mps = self.ports.mps
         self.device_plugin = await kubelet.start_device_plugin(
-            self.settings, self.node, self.events, store=self.store, clock=self.clock
+            self.settings, self.node, self.events, store=self.store, clock=self.clock, shm=mps
         )
         self.dra = await drastart.start_dra_driver(
             self.settings,
@@ -281,6 +282,7 @@ class App:
             rules=self.rules,
             clock=self.clock,
             floor_of=self.gate.floor_of,
+            shm=mps,
         )
         if self.dra is not None:
             self.dra.spawn(self.supervisor)

@@ -40,6 +40,9 @@ class Availability:
     def closed(
         self, device: Device, daemon: MpsDaemonState | None
     ) -> tuple[ReasonCode | None, str]:
+        gone = self._closures.get(device.uuid, {}).get("gone")
+        if gone is not None:  # first: a GPU that is gone is tainted NoExecute, whatever else
+            return gone
         if not self._store.writable():
             return ReasonCode.STORE_UNAVAILABLE, "the state store cannot write: failing closed"
         if device.uuid in self.drained:

@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from agent.api import validate
 from agent.core.errors import (
     AlreadyExistsError,
     ConflictError,
     GpushareError,
     PermissionDeniedError,
+    ValidationError,
 )
 from agent.core.lease import CLAIM_OWNER, CLAIM_REQUEST_PREFIX, ENDED_REQUEST_ID_HINT, Lease
 from agent.core.types import AdmissionRequest, AdmitResult, Decision, PriorityClass
@@ -83,6 +85,14 @@ def admission_request(
     owner = owner_pod(ask.claim)
     pods = [owner] if owner else reserved_pods(ask.claim)
     share = ask.share
+    workload = f"pod:{owner[1]}" if owner and owner[1] else ""
+    pod = f"{namespace}/{pods[0][0]}" if pods and pods[0][0] else ""
+    try:  # from the API, as Admit takes them from a caller
+        validate.workload(workload, "the claim's owner pod UID")
+        validate.pod(pod, "the claim's pod")
+        validate.identifier(namespace, "the claim's namespace")
+    except ValidationError as exc:
+        raise ClaimError(str(exc)) from exc
     return AdmissionRequest(
         request_id=share_request_id(uid, share, epoch),
         tenant=namespace,
@@ -93,21 +103,29 @@ def admission_request(
         profile=ask.config.profile,
         retention_floor=ask.config.retention_floor,
         device_uuid=ask.device_uuid,
-        workload=f"pod:{owner[1]}" if owner and owner[1] else "",
-        pod=f"{namespace}/{pods[0][0]}" if pods and pods[0][0] else "",
+        workload=workload,
+        pod=pod,
         owner=OWNER,
     )
 
 
-def one_share_per_node(mine: Sequence[Share]) -> None:
-    """A claim gets one share on a node: a process talks to one MPS server, and the
-    environment of two shares in one container would contradict itself."""
-    if len(mine) > 1:
-        devices = ", ".join(s.device for s in mine)
-        raise ClaimError(
-            f"ONE_SHARE_PER_NODE: the claim holds {len(mine)} shares on this node ({devices}); "
-            "a gpushare claim gets one device per node (use one claim per container)"
-        )
+def one_share_per_request(mine: Sequence[Share]) -> None:
+    """A request gets one share on a node: each request serves one container (a pod of
+    several containers has a request each, so several shares), and a process talks to one
+    MPS server, so one container on two GPUs cannot be served by MPS as it runs today."""
+    devices_of: dict[str, list[str]] = {}
+    for share in mine:
+        devices_of.setdefault(share.request, []).append(share.device)
+    for request, devices in sorted(devices_of.items()):
+        if len(devices) > 1:
+            raise ClaimError(
+                f"ONE_SHARE_PER_REQUEST: request {request!r} holds {len(devices)} shares on "
+                f"this node ({', '.join(devices)}); a process reaches one MPS server, so a "
+                "container is served on one GPU (ask for one device per request)"
+            )
+
+
+one_share_per_node = one_share_per_request  # the binding answers' name, until renamed there
 
 
 def claim_leases(leases: Iterable[Lease], claim_uid: str) -> Iterator[Lease]:

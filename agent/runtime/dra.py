@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from agent.admission.policy import Rules
 from agent.config.dra import DraSettings
@@ -29,18 +28,22 @@ from agent.core.types import Device
 from agent.core.units import MIB, parse_bytes
 from agent.dra.cdi import (
     CdiDevice,
-    CdiDeviceNode,
-    CdiMount,
     cdi_id,
     claim_spec,
-    remove_spec,
-    write_spec,
 )
-from agent.dra.claims import ClaimError, Share, allocation, metadata, share_config, shares
+from agent.dra.claims import ClaimError, Share, allocation, metadata, results_here, share_config
 from agent.dra.port import DRIVER_NAME, ClaimRef, DeviceHealth, Prepared, PreparedDevice
-from agent.dra.slices import SlicePublisher
+from agent.dra.publisher import SlicePublisher
 from agent.kubeapi.port import KubeError, NotFound, ResourceApi
-from agent.runtime.claims import ShareAsk, ShareLeases, one_share_per_node
+from agent.mps.shmstate import sole_on_device
+from agent.runtime.claims import (
+    ShareAsk,
+    ShareLeases,
+    claim_leases,
+    one_share_per_request,
+    share_of,
+)
+from agent.runtime.dracontainer import DriverPaths, SharedMemory, admin_device, share_device
 from agent.runtime.drainventory import (
     FloorOf,
     Inventory,
@@ -48,29 +51,12 @@ from agent.runtime.drainventory import (
     inventory,
     stated_floor,
 )
+from agent.runtime.draspecs import KeptSpec, Restored, SpecKeeper
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.runtime.section import run_to_end
 
 log = logging.getLogger(__name__)
-
-SHM_PATH = "/dev/shm"
-CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-@dataclass(frozen=True, slots=True)
-class DriverPaths:
-    cdi_dir: str
-    shm_dir: str = ""  # mounted at /dev/shm in each client container when set
-
-
-def device_nodes(
-    device: Device, exists: Callable[[str], bool] = os.path.exists
-) -> list[CdiDeviceNode]:
-    """The GPU's device nodes that this host has (none on a simulated node)."""
-    index = device.index if device.parent_uuid is None else None
-    paths = ([f"/dev/nvidia{index}"] if index is not None else []) + list(CONTROL_NODES)
-    return [CdiDeviceNode(p) for p in paths if exists(p)]
 
 
 class ClaimDriver:
@@ -86,6 +72,8 @@ class ClaimDriver:
         rules: Rules,
         node_name: str,
         paths: DriverPaths,
+        keep_dir: str,
+        shm: SharedMemory | None = None,
         publisher: SlicePublisher | None = None,
         floor_of: FloorOf = stated_floor,
     ) -> None:
@@ -96,6 +84,8 @@ class ClaimDriver:
         self._rules = rules
         self.node_name = node_name
         self._paths = paths
+        self._shm = shm
+        self.specs = SpecKeeper(paths.cdi_dir, keep_dir)
         self._publisher = publisher
         self._floor_of = floor_of
         self.on_health: Callable[[], None] = lambda: None  # the health stream's "send again"
@@ -107,6 +97,7 @@ class ClaimDriver:
         self.inventory = Inventory((), {}, {})
         self.prepared = self.prepare_errors = self.unprepared = self.unprepare_errors = 0
         self._health: list[DeviceHealth] = []
+        self.refused_until: dict[str, float] = {}  # device name -> monotonic deadline
         self.refresh()
 
     @property
@@ -119,7 +110,17 @@ class ClaimDriver:
         """Publish the devices as the ledger sees them now (no I/O: the publisher writes
         in its own task, only on a change)."""
         views = self._node.views()
-        self.inventory = inventory(views, self._rules, self.settings, self._floor_of)
+        now_s = time.monotonic()
+        self.refused_until = {n: d for n, d in self.refused_until.items() if d > now_s}
+        self.inventory = inventory(
+            views,
+            self._rules,
+            self.settings,
+            self._floor_of,
+            refused_until=self.refused_until,
+            now_s=now_s,
+            wall_s=time.time(),
+        )
         if self._publisher is not None:
             self._publisher.publish(self.inventory.devices)
         health = device_health(views, self.node_name, self.inventory.name_of)
@@ -143,6 +144,16 @@ class ClaimDriver:
     def health(self) -> Sequence[DeviceHealth]:
         return list(self._health)
 
+    def refused_device(self, device_name: str) -> None:
+        """A share on ``device_name`` was refused at its binding: the device is tainted for
+        ``dra.refusal_backoff_s`` so that the scheduler does not pick it again at once."""
+        backoff_s = self.settings.refusal_backoff_s
+        if backoff_s <= 0:
+            return
+        self.refused_until[device_name] = time.monotonic() + backoff_s
+        self.refresh()
+        asyncio.get_running_loop().call_later(backoff_s, self.refresh)
+
     # -- Prepare ----------------------------------------------------------------------
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Prepared]:
@@ -161,6 +172,9 @@ class ClaimDriver:
         except ClaimError as exc:
             log.warning("claim %s not prepared: %s", ref, exc)
             return Prepared(error=str(exc))
+        except Exception:  # one claim's failure is its own, never the call's
+            log.exception("preparing claim %s failed", ref)
+            return Prepared(error="the gpushare agent failed to prepare this claim; see its log")
 
     async def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, object]) -> Prepared:
         async with self.leases.claim_lock(ref.uid):
@@ -180,20 +194,30 @@ class ClaimDriver:
         return claim
 
     async def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, object]) -> Prepared:
-        mine = shares(claim, self.driver_name, self.node_name)
-        if not mine:
-            return Prepared()  # nothing of this driver on this node
-        one_share_per_node(mine)
+        """Every check first (the results of this driver here, a share per request, each
+        share's device and configuration), then the admissions: a claim refused for what
+        it says never holds a lease."""
+        found = results_here(claim, self.driver_name, self.node_name)
+        if not found:
+            raise ClaimError(
+                f"claim {ref.namespace}/{ref.name} has no {self.driver_name} device allocated "
+                f"on node {self.node_name}"
+            )
+        mine = [s for s in found if not s.admin]
+        one_share_per_request(mine)
+        asks = [self.ask(claim, share) for share in mine]
+        admin = [(s, self._device(s)) for s in found if s.admin]
         admitted: list[tuple[Share, Lease]] = []
         fresh: list[str] = []
         try:
-            for share in mine:
-                had = self.leases.live(ref.uid, share)
-                lease = await self.admit_share(claim, share)
-                admitted.append((share, lease))
+            for ask in asks:
+                had = self.leases.live(ref.uid, ask.share)
+                lease = await self._admit(ask)
+                admitted.append((ask.share, lease))
                 if had is None:
                     fresh.append(lease.lease_id)
-            await asyncio.to_thread(self._write_spec, ref.uid, admitted)
+            await self._claim_shm([x for _, x in admitted])
+            await asyncio.to_thread(self._write_spec, ref.uid, admitted, admin)
         except (ClaimError, GpushareError, OSError) as exc:
             await self._give_back(ref, fresh)
             raise ClaimError(str(exc)) from exc
@@ -203,15 +227,38 @@ class ClaimDriver:
             raise ClaimError(
                 "the gpushare agent failed to prepare this claim; see its log"
             ) from exc
-        return Prepared(devices=tuple(self._prepared(ref.uid, s) for s, _ in admitted))
+        shares_done = [s for s, _ in admitted] + [s for s, _ in admin]
+        return Prepared(devices=tuple(self._prepared(ref.uid, s) for s in shares_done))
+
+    async def _claim_shm(self, leases: list[Lease]) -> None:
+        """Each share's device's shared memory made its trust domain's before a container
+        is handed it (emptied, its servers shut down, when it served another domain)."""
+        if self._shm is None:
+            return
+        live = list(self._node.leases.values())
+        for lease in leases:
+            sole = sole_on_device(lease, live)
+            await self._shm.claim_shm(lease.device_uuid, lease.trust_domain, sole=sole)
+
+    def _device(self, share: Share) -> Device:
+        uuid = self.inventory.uuid_of.get(share.device)
+        device = self._node.devices.get(uuid) if uuid is not None else None
+        if device is None:
+            raise ClaimError(f"device {share.device} is not published by this node")
+        return device
+
+    def ask(self, claim: Mapping[str, object], share: Share) -> ShareAsk:
+        """What admitting ``share`` asks of the ledger, every part checked (ClaimError)."""
+        device = self._device(share)
+        config = share_config(claim, self.driver_name, share.request)
+        return ShareAsk(claim, share, device.uuid, config)
 
     async def admit_share(self, claim: Mapping[str, object], share: Share) -> Lease:
         """The share's lease (admitted now, or before), or ClaimError saying why not."""
-        uuid = self.inventory.uuid_of.get(share.device)
-        if uuid is None:
-            raise ClaimError(f"device {share.device} is not published by this node")
-        config = share_config(claim, self.driver_name, share.request)
-        result = await self.leases.admit(ShareAsk(claim, share, uuid, config))
+        return await self._admit(self.ask(claim, share))
+
+    async def _admit(self, ask: ShareAsk) -> Lease:
+        result = await self.leases.admit(ask)
         if not result.decision.admitted or result.lease is None:
             reason = result.decision.reason.value if result.decision.reason else "REFUSED"
             raise ClaimError(f"{reason}: {result.decision.message}")
@@ -233,17 +280,63 @@ class ClaimDriver:
             share_id=share.share_id or None,
         )
 
-    def _write_spec(self, claim_uid: str, admitted: list[tuple[Share, Lease]]) -> None:
-        devices = [self._cdi_device(share, lease) for share, lease in admitted]
-        write_spec(self._paths.cdi_dir, claim_uid, claim_spec(claim_uid, devices))
+    def _write_spec(
+        self, claim_uid: str, admitted: list[tuple[Share, Lease]], admin: list[tuple[Share, Device]]
+    ) -> None:
+        """Build the claim's CDI devices (reading the host's /dev and /proc now) and write
+        its spec, kept for a restart. Blocking: in a worker thread."""
+        cdi = [self._cdi_device(s, x) for s, x in admitted]
+        cdi += [admin_device(s.key, device, self._paths) for s, device in admin]
+        kept = KeptSpec(
+            claim_uid,
+            tuple(x.lease_id for _, x in admitted),
+            claim_spec(claim_uid, cdi),
+            tuple((s.key, device.uuid) for s, device in admin),
+        )
+        self.specs.write(kept)
+
+    def rebuilt(self, kept: KeptSpec) -> Mapping[str, object] | None:
+        """The claim's spec as this agent writes it now, from its live leases and kept
+        ``adminAccess`` devices (a spec of the last release gets the current layout);
+        None where it cannot be built (the kept copy is then written as it was)."""
+        uid = kept.claim_uid
+        cdi = [
+            self._cdi_device_of(share_of(x.request_id), x)
+            for x in claim_leases(self._node.leases.values(), uid)
+        ]
+        for key, device_uuid in kept.admin:
+            device = self._node.devices.get(device_uuid)
+            if device is None:
+                return None
+            cdi.append(admin_device(key, device, self._paths))
+        return claim_spec(uid, cdi) if cdi else None
+
+    async def restore_specs(self) -> Restored:
+        """Write again the specs of the claims still prepared (a reboot emptied the CDI
+        directory; the kubelet will not ask again): before the plugin serves."""
+        done = await asyncio.to_thread(self.specs.restore, self._live_lease_ids, self._rebuild)
+        for what, uids in (("written again", done.written), ("dropped", done.dropped)):
+            if uids:
+                log.info("CDI specs %s at start: %d claim(s)", what, len(uids))
+        return done
+
+    def _rebuild(self, kept: KeptSpec) -> Mapping[str, object] | None:
+        try:
+            return self.rebuilt(kept)
+        except Exception as exc:  # a node missing now: the kept copy goes back as it was
+            log.warning(
+                "the CDI spec of claim %s not rebuilt (%s); kept copy written", kept.claim_uid, exc
+            )
+            return None
+
+    def _live_lease_ids(self, claim_uid: str) -> list[str]:
+        return [x.lease_id for x in claim_leases(self._node.leases.values(), claim_uid)]
 
     def _cdi_device(self, share: Share, lease: Lease) -> CdiDevice:
-        env, edits = self._node.container_edits(lease)
-        mounts = [CdiMount(host, container) for host, container in edits]
-        if self._paths.shm_dir:
-            mounts.append(CdiMount(self._paths.shm_dir, SHM_PATH))
-        device = self._node.devices[lease.device_uuid]
-        return CdiDevice(share.key, env, mounts, device_nodes(device))
+        return self._cdi_device_of(share.key, lease)
+
+    def _cdi_device_of(self, key: str, lease: Lease) -> CdiDevice:
+        return share_device(self._node, self._paths, key, lease)
 
     # -- Unprepare --------------------------------------------------------------------
 
@@ -257,12 +350,15 @@ class ClaimDriver:
     async def _unprepare_locked(self, ref: ClaimRef) -> None:
         async with self.leases.claim_lock(ref.uid):
             await self.leases.release_claim(ref.uid, "unprepared by the kubelet")
-            await asyncio.to_thread(remove_spec, self._paths.cdi_dir, ref.uid)
+            await asyncio.to_thread(self.specs.remove, ref.uid)
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         try:
             await run_to_end(self._unprepare_locked(ref), what=f"unprepare of {ref}")
         except (GpushareError, OSError) as exc:
             log.warning("claim %s not unprepared: %s", ref, exc)
-            return f"cannot unprepare claim {ref.namespace}/{ref.name}: {exc}"
+            return f"cannot unprepare claim {ref}: {exc}"
+        except Exception:  # one claim's failure is its own, never the call's
+            log.exception("unprepare of claim %s failed", ref)
+            return "the gpushare agent failed to unprepare this claim; see its log"
         return ""

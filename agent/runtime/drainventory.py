@@ -1,7 +1,9 @@
 """What the node publishes as a DRA driver, from what its ledger sees: one device per
 shared GPU or MIG instance, its consumable capacities, the attributes a CEL selector can
-ask for, taints for devices closed to new shares, and the devices' health. Pure: the
-same views give the same slice (so an unchanged node writes nothing).
+ask for, taints (``NoSchedule`` for devices closed to new shares or refused a share at
+their binding a moment ago, ``NoExecute`` for a GPU that is gone), and the devices'
+health. Pure: the same views (and clocks) give the same devices in the same order (so an
+unchanged node writes nothing).
 
 Memory and clients agree with the ledger by construction: ``memory`` is the device's memory
 less the reserve and a CUDA context overhead for each of the ``clients`` a device may take,
@@ -12,8 +14,11 @@ gate) the agent says at the binding answer, and again at Prepare."""
 from __future__ import annotations
 
 import functools
+import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from agent.admission.isolation import isolation_of
 from agent.admission.policy import DeviceView, Rules
@@ -24,6 +29,7 @@ from agent.core.units import MIB, parse_bytes
 from agent.dra.claims import ADMITTED, REFUSED
 from agent.dra.port import DeviceHealth, Health
 from agent.dra.slices import Capacity, SliceDevice, Taint
+from agent.runtime.janitor import FAULT_EVENTS, GONE_DETAIL, LOST_DETAIL
 
 MIN_SHARE_BYTES = 256 * MIB
 QUIET_THREADS_PCT = 50.0  # at most this much compute committed: "quiet"
@@ -33,6 +39,12 @@ TAINT_OF_REASON = {
     ReasonCode.DEVICE_UNAVAILABLE: "gpushare.io/mps-down",
 }
 FAULT_TAINT = "gpushare.io/fault"  # any other closure: a fault, the store failing closed
+GONE_TAINT = "gpushare.io/gone"  # NoExecute: the pods using the device are evicted
+REFUSED_TAINT = "gpushare.io/refused"  # NoSchedule for dra.refusal_backoff_s after a refusal
+LOST_XIDS = frozenset({79})  # XID 79: the GPU has fallen off the bus
+# the janitor's closure for NVML's critical XID event ("<kind>: <NVML's message>")
+XID_DETAIL = re.compile(r"gpu\.xid: .*\bdata (?P<xid>\d+)$")
+NO_REFUSALS: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +110,54 @@ def thread_capacity(rules: Rules, dra: DraSettings) -> Capacity:
     return Capacity(value=str(total), default=default, min="1", max=str(min(100, total)), step="1")
 
 
-def taints(view: DeviceView) -> tuple[Taint, ...]:
-    if view.closed is None:
-        return ()
-    key = TAINT_OF_REASON.get(view.closed, FAULT_TAINT)
-    return (Taint(key=key, effect="NoSchedule", value=view.closed.value.lower()),)
+def gone_why(view: DeviceView) -> str:
+    """Why the GPU is gone, as a taint value; "" while it is not. Gone: no longer listed by
+    the GPU backend (the janitor's presence check: off the bus, MIG repartitioned), or an
+    NVML event that says the GPU is lost (XID 79). Not gone: drained, degraded, its MPS
+    daemon down, any other fault (the GPU is there; its pods may run on)."""
+    if view.closed is not ReasonCode.DEVICE_UNAVAILABLE:
+        return ""
+    if view.closed_detail == GONE_DETAIL:
+        return "not-listed"
+    if view.closed_detail == LOST_DETAIL:
+        return "lost"
+    xid = XID_DETAIL.match(view.closed_detail)
+    return f"xid-{xid['xid']}" if xid and int(xid["xid"]) in LOST_XIDS else ""
+
+
+def taints(view: DeviceView, refused_at: str | None = None) -> tuple[Taint, ...]:
+    """A ``NoSchedule`` taint saying why a device is closed to new shares; ``NoExecute``
+    (KEP-5055: the eviction controller evicts the pods whose claims use it) for a GPU that
+    is gone; and, while ``refused_at`` is given (the time of a refusal at the binding,
+    RFC 3339, or "" for the API server to time it), ``gpushare.io/refused``."""
+    out = [_closed_taint(view, view.closed)] if view.closed is not None else []
+    if refused_at is not None:
+        out.append(Taint(REFUSED_TAINT, "NoSchedule", time_added=refused_at))
+    return tuple(out)
+
+
+def _closed_taint(view: DeviceView, closed: ReasonCode) -> Taint:
+    gone = gone_why(view)
+    if gone:
+        return Taint(GONE_TAINT, "NoExecute", gone)
+    key = TAINT_OF_REASON.get(closed, FAULT_TAINT)
+    if any(view.closed_detail.startswith(f"{kind}: ") for kind in FAULT_EVENTS):
+        key = FAULT_TAINT  # closed by the janitor for a fault, not for its daemon
+    return Taint(key, "NoSchedule", closed.value.lower())
+
+
+def refused_at(
+    deadline_s: float | None, now_s: float, backoff_s: float, wall_s: float | None
+) -> str | None:
+    """While a refused device's back-off lasts (``now_s`` before its monotonic
+    ``deadline_s``), the wall-clock time of the refusal (RFC 3339, whole seconds; "" without
+    ``wall_s``, the wall clock at ``now_s``); None once it is over."""
+    if deadline_s is None or now_s >= deadline_s:
+        return None
+    if wall_s is None:
+        return ""
+    at_s = wall_s - (now_s - (deadline_s - backoff_s))
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at_s))
 
 
 def headroom(view: DeviceView) -> str:
@@ -141,31 +196,62 @@ def inventory(
     rules: Rules,
     dra: DraSettings,
     floor_of: FloorOf = stated_floor,
+    *,
+    refused_until: Mapping[str, float] = NO_REFUSALS,
+    now_s: float = 0.0,
+    wall_s: float | None = None,
 ) -> Inventory:
-    """What to publish; ``floor_of`` says which leases have a retention floor (stated, or
-    their profile's): a device with one is ``protected``."""
+    """What to publish, in one order whatever the views' (by GPU index, then MIG
+    instance): an unchanged node writes nothing. ``floor_of`` says which leases have a
+    retention floor (stated, or their profile's): a device with one is ``protected``.
+
+    ``refused_until`` (published device name -> monotonic deadline) names the devices the
+    agent refused a share on at its binding: until the deadline (``now_s`` is the monotonic
+    clock now, ``wall_s`` the wall clock then, for the taint's ``timeAdded``) each carries a
+    ``NoSchedule`` taint ``gpushare.io/refused``, so that the scheduler does not pick it
+    again at once (KEP-5007 asks a driver that fails a binding to keep the device from
+    being picked again; KEP-5055: a claim needs a toleration to be allocated a device with
+    a NoSchedule taint). What it costs: every new claim, not only the refused one's, skips
+    the device for the back-off (``dra.refusal_backoff_s``, short for that reason), and
+    the node's slices are written when the taint comes and again when it goes."""
     by_uuid = {v.device.uuid: v.device for v in views}
     devices, uuid_of = [], {}
-    conditions = ((ADMITTED,), (REFUSED,)) if dra.binding_conditions else ((), ())
-    for view in sorted(views, key=lambda v: v.device.index):
+    for view in sorted(views, key=lambda v: _order(v.device)):
         capacity = capacities(view.device, rules, dra)
         if capacity is None:
             continue
         name = device_name(view.device, by_uuid)
-        major, minor = view.device.compute_capability
-        devices.append(
-            SliceDevice(
-                name=name,
-                attributes=attributes(view, floor_of),
-                version_attributes={"computeCapability": f"{major}.{minor}.0"},
-                capacity=capacity,
-                taints=taints(view),
-                binding_conditions=conditions[0],
-                binding_failure_conditions=conditions[1],
-            )
-        )
+        refused = refused_at(refused_until.get(name), now_s, dra.refusal_backoff_s, wall_s)
+        tainted = taints(view, refused)
+        devices.append(slice_device(name, view, capacity, tainted, dra, floor_of))
         uuid_of[name] = view.device.uuid
     return Inventory(tuple(devices), uuid_of, {u: n for n, u in uuid_of.items()})
+
+
+def _order(device: Device) -> tuple[int, int, str]:
+    """A MIG instance has its GPU's index: its GPU instance id tells it from its siblings."""
+    return device.index, device.gpu_instance_id or 0, device.uuid
+
+
+def slice_device(
+    name: str,
+    view: DeviceView,
+    capacity: Mapping[str, Capacity],
+    tainted: tuple[Taint, ...],
+    dra: DraSettings,
+    floor_of: FloorOf,
+) -> SliceDevice:
+    major, minor = view.device.compute_capability
+    conditions = ((ADMITTED,), (REFUSED,)) if dra.binding_conditions else ((), ())
+    return SliceDevice(
+        name=name,
+        attributes=attributes(view, floor_of),
+        version_attributes={"computeCapability": f"{major}.{minor}.0"},
+        capacity=capacity,
+        taints=tainted,
+        binding_conditions=conditions[0],
+        binding_failure_conditions=conditions[1],
+    )
 
 
 def device_health(

@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 
 from agent.admission.policy import Rules
 from agent.api.dra_metrics import DraStats
 from agent.config import Settings
 from agent.core.errors import ConfigError
+from agent.dra import toolkit
 from agent.dra.plugin import DraPluginServer
 from agent.dra.port import DRIVER_NAME
+from agent.dra.publisher import SlicePublisher
 from agent.dra.service import DraService
-from agent.dra.slices import SlicePublisher
 from agent.kubeapi.port import ResourceApi
 from agent.kubeapi.rest import RestKubeApi
 from agent.runtime import checks
-from agent.runtime.dra import ClaimDriver, DriverPaths
+from agent.runtime.dra import ClaimDriver
+from agent.runtime.draanswers import BindingAnswers
+from agent.runtime.dracontainer import DriverPaths, SharedMemory
 from agent.runtime.drainventory import FloorOf, stated_floor
-from agent.runtime.drasync import BindingAnswers, Reconciler
+from agent.runtime.drareconcile import Reconciler
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.runtime.tasks import Supervisor
@@ -43,6 +47,28 @@ def resource_api(settings: Settings) -> RestKubeApi:
             token = f.read().strip()
     return RestKubeApi.from_url(
         d.api_server, token=token, ca_file=d.api_ca, timeout_s=d.api_timeout_s
+    )
+
+
+async def driver_paths(settings: Settings, shm: SharedMemory | None = None) -> DriverPaths:
+    """Where the driver reads the host's devices, and what every claim's container gets
+    besides its share: the NVIDIA toolkit's libraries and hooks, read once at start (not on
+    a simulated node, whose devices have no nodes and no driver)."""
+    d, simulated = settings.dra, settings.sim.enabled
+    common = None
+    if not simulated:
+        found = await toolkit.load(
+            d.nvidia_ctk, host_root=d.host_root, timeout_s=d.nvidia_ctk_timeout_s
+        )
+        common = found.edits
+    shared_dir = d.shm_dir
+    return DriverPaths(
+        cdi_dir=d.cdi_dir,
+        shm_dir=shared_dir,
+        shm_of=(lambda uuid: shm.shm_dir(uuid) or shared_dir) if shm is not None else None,
+        dev_root=d.host_dev_root,
+        require_nodes=not simulated,
+        common=common,
     )
 
 
@@ -132,6 +158,7 @@ async def start_dra_driver(
     rules: Rules,
     clock: Callable[[], float],
     floor_of: FloorOf = stated_floor,
+    shm: SharedMemory | None = None,
 ) -> DraDriver | None:
     d = settings.dra
     if not d.enabled:
@@ -149,10 +176,13 @@ async def start_dra_driver(
         settings=d,
         rules=rules,
         node_name=node_name,
-        paths=DriverPaths(cdi_dir=d.cdi_dir, shm_dir=d.shm_dir),
+        paths=await driver_paths(settings, shm),
+        shm=shm,
+        keep_dir=os.path.join(settings.paths.state_dir, "cdi"),
         publisher=publisher,
         floor_of=floor_of,
     )
+    await driver.restore_specs()
     service = DraService(driver)
     driver.on_health = service.health_changed
     server = DraPluginServer(
@@ -160,9 +190,7 @@ async def start_dra_driver(
     )
     await server.start()
     answers = BindingAnswers(driver, api) if d.binding_conditions else None
-    reconciler = Reconciler(
-        driver, api, cdi_dir=d.cdi_dir, interval_s=d.reconcile_interval_s, clock=clock
-    )
+    reconciler = Reconciler(driver, api, interval_s=d.reconcile_interval_s, clock=clock)
     log.info(
         "DRA driver %s on node %s: %d device(s) published",
         DRIVER_NAME,

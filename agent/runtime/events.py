@@ -7,7 +7,8 @@ observations (``__call__``: a daemon died, a device was drained) are written by 
 ``writer`` task as soon as they happen, several to a commit. Numbers are dense; each event
 carries the boot epoch, so a watcher can tell a restart from a loss. A failed write
 publishes nothing; observations are kept (bounded) and written when the store recovers; a
-clean stop flushes them.
+clean stop flushes them. An audit line is one line of bounded length whatever the event
+holds: its values are escaped and cut (``audit_text``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.core.errors import StateError
+from agent.core.logsafe import escaped
 from agent.core.types import Event
 from agent.state.port import StateStore, WriteBatch
 
 audit = logging.getLogger("gpushare.audit")
 log = logging.getLogger(__name__)
 MAX_UNWRITTEN = 10_000  # observations kept while the store cannot write
+MAX_AUDIT_VALUE = 128  # characters of a kind, device, lease or owner in an audit line
+MAX_AUDIT_MESSAGE = 1024  # and of its message
 RETRY_S = 1.0
 
 
@@ -102,15 +106,7 @@ class EventLog:
                 self._ring = []  # a gap (never expected): the ring restarts dense
             self._ring.append(event)
             self._last_seq = event.seq
-            audit.info(
-                "event %d %s device=%s lease=%s owner=%s %s",
-                event.seq,
-                event.kind,
-                event.device_uuid or "-",
-                event.lease_id or "-",
-                event.attrs.get("owner") or "-",
-                event.message,
-            )
+            audit.info("event %d %s", event.seq, audit_text(event))
         if len(self._ring) > 2 * self._capacity:
             del self._ring[: len(self._ring) - self._capacity]
         self._changed.set()  # watchers wake once per batch
@@ -197,6 +193,20 @@ class EventLog:
     def change(self) -> asyncio.Event:
         """Set by the next published batch. Take it *before* reading ``since``."""
         return self._changed
+
+
+def audit_text(event: Event) -> str:
+    """The audit line of ``event`` after its number: each value escaped and cut (they
+    may hold names from an API or a caller), so that one event is one bounded line."""
+    return " ".join(
+        (
+            escaped(event.kind, MAX_AUDIT_VALUE),
+            f"device={escaped(event.device_uuid or '-', MAX_AUDIT_VALUE)}",
+            f"lease={escaped(event.lease_id or '-', MAX_AUDIT_VALUE)}",
+            f"owner={escaped(event.attrs.get('owner') or '-', MAX_AUDIT_VALUE)}",
+            escaped(event.message, MAX_AUDIT_MESSAGE),
+        )
+    )
 
 
 def _dense_tail(events: list[Event]) -> list[Event]:

@@ -41,7 +41,16 @@ from agent.runtime.node import NodeService
 
 log = logging.getLogger(__name__)
 GONE_DETAIL = "the device is gone from the node"
+LOST_DETAIL = "NVML reports the GPU lost"  # its GPU-lost event, or XID 79
 FAULT_EVENTS = ("mps.server_fatal", "gpu.xid", "gpu.ecc_double_bit", "gpu.fatal_poison")
+
+
+def lost(event: Event) -> bool:
+    """NVML says the GPU is lost: its unavailable-error event, or XID 79 (fallen off the
+    bus). It stays closed as gone until the agent restarts (a GPU reset or a reboot)."""
+    return event.kind == "gpu.unavailable" or (
+        event.kind == "gpu.xid" and str(event.attrs.get("data", "")) == "79"
+    )
 
 
 def process_states(pids: Iterable[int]) -> dict[int, ProcessState]:
@@ -93,6 +102,8 @@ class Janitor:
 
     def _on_event(self, event: Event) -> None:
         uuid = event.device_uuid
+        if lost(event) and uuid is not None and uuid in self._node.devices:
+            self._node.close(uuid, "gone", ReasonCode.DEVICE_UNAVAILABLE, LOST_DETAIL)
         if event.kind in FAULT_EVENTS and uuid is not None and uuid in self._node.devices:
             what = f"{event.kind}: {event.message}"
             self._faults.setdefault(uuid, what)

@@ -17,7 +17,7 @@ from agent.kubelet.port import AllocationRefused
 from agent.nri.plugin import NriPlugin
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
-from agent.runtime.podalloc import PodAllocator, PodOfUnits
+from agent.runtime.podalloc import PodAllocator, PodOfUnits, SharedMemory
 from agent.state.port import StateStore
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,14 @@ async def start_device_plugin(
     *,
     store: StateStore,
     clock: Callable[[], float],
+    shm: SharedMemory | None = None,
 ) -> KubeletPlugins | None:
     k = settings.kubelet
     if not k.enabled:
         return None
     client = PodResourcesClient(k.pod_resources_socket, resource_name=RESOURCE)
     allocator = PodAllocator(
-        node, events, k, store=store, pod_of_units=pod_lookup(client), clock=clock
+        node, events, k, store=store, pod_of_units=pod_lookup(client), clock=clock, shm=shm
     )
     await allocator.load()
     node.on_granted = allocator.granted

@@ -10,14 +10,18 @@ socket file. Each lock file holds the holder's PID and socket, for the refusal's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
+import logging
 import os
+import time
 from pathlib import Path
 
 from agent.core.errors import AlreadyRunningError, ConfigError
 
 LOCK_NAME = "agent.lock"
+log = logging.getLogger(__name__)
 
 
 class InstanceLock:
@@ -42,6 +46,24 @@ class InstanceLock:
             raise
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)  # stale: its owner is gone, we hold the lock
+
+    async def acquire_waiting(self, wait_s: float, *, poll_s: float = 0.2) -> None:
+        """:meth:`acquire`, trying again for up to ``wait_s`` while another agent holds a
+        lock (an upgrade: the new agent starts while the old one stops). Nothing is
+        touched while waiting; each try takes all the locks or none."""
+        deadline_s = time.monotonic() + wait_s
+        said = False
+        while True:
+            try:
+                self.acquire()
+                return
+            except AlreadyRunningError as exc:
+                if time.monotonic() >= deadline_s:
+                    raise
+                if not said:
+                    log.warning("%s; waiting up to %.0fs for it to stop", exc, wait_s)
+                    said = True
+            await asyncio.sleep(poll_s)
 
     def _take(self, path: str, what: str, key: str) -> int:
         try:

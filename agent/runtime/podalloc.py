@@ -20,6 +20,14 @@ cannot be written is logged and answered (the hold then runs from the last recor
 grant; the pairing itself was recorded at Allocate). So an agent restarted between Allocate and
 PreStartContainer, or between a grant and its Binding, resumes where it was, and never
 hands a running pod's lease to the next pod.
+
+What a container gets besides its lease's environment: the device's MPS pipe directory,
+read-only (it can reach the daemon, never remove, replace or add an entry that the next
+tenant's clients rely on), and at ``/dev/shm`` the shared memory of the device's MPS
+servers: their own directory (``mps.shm_root``), made ready for the lease's trust domain
+before the answer (:meth:`SharedMemory.claim_shm`: when it served another domain, the
+servers are shut down, it is emptied and the defaults set again), else
+``kubelet.shm_dir``. A device whose shared memory cannot be made ready is refused.
 """
 
 from __future__ import annotations
@@ -28,12 +36,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from agent.config.kubelet import KubeletSettings
-from agent.core.errors import StateError
+from agent.core.errors import MpsError, StateError
 from agent.core.lease import Lease, LeaseState, pod_uid_of
 from agent.core.types import Event
 from agent.kubelet.port import LEASE_ANNOTATION, AllocationRefused, ContainerAllocation, Mount
+from agent.mps.shmstate import sole_on_device
 from agent.nri.port import BindMount, Injection, InjectionRefused, PodRef
 from agent.runtime.allocations import KEPT, AllocationBook
 from agent.runtime.events import EventLog
@@ -52,6 +62,14 @@ DEFERRED_ENV = {NRI_MARKER: "1", "NVIDIA_VISIBLE_DEVICES": "void"}
 
 # the pod ("<namespace>/<name>") whose containers hold these share units, per the kubelet
 PodOfUnits = Callable[[Sequence[str]], Awaitable[str | None]]
+
+
+class SharedMemory(Protocol):
+    """The node's MPS daemons, as far as containers' /dev/shm goes (the MPS manager)."""
+
+    async def claim_shm(self, device_uuid: str, trust_domain: str, *, sole: bool = False) -> str:
+        """The device's shared memory made ready for ``trust_domain``; "" none of its own."""
+        ...
 
 
 def next_hold(
@@ -107,8 +125,10 @@ class PodAllocator:
         store: StateStore,
         pod_of_units: PodOfUnits,
         clock: Callable[[], float],
+        shm: SharedMemory | None = None,
     ) -> None:
         self._node = node
+        self._shm = shm
         self._events = events
         self._settings = settings
         self._store = store
@@ -150,12 +170,25 @@ class PodAllocator:
                 "gpushare.io/share must be bound by the gpushare scheduler (and within "
                 f"{self._settings.hold_s:.0f} s)"
             )
+        try:
+            shm_dir = await self._claim_shm(lease)
+        except MpsError as exc:
+            raise AllocationRefused(f"lease {lease.lease_id}: {exc}") from exc
         record = AllocationRecord(
             AllocationKind.ALLOCATED, now, lease.lease_id, units=tuple(sorted(units))
         )
         told = self._allocated_event(lease, "allocated by the kubelet")
         await self._recorded([record], [told], holding=lease.lease_id, what="the allocation")
-        return self._allocation(lease)
+        return self._allocation(lease, shm_dir)
+
+    async def _claim_shm(self, lease: Lease) -> str:
+        """The host directory the lease's container gets at /dev/shm: its MPS servers' own,
+        ready for the lease's trust domain, else kubelet.shm_dir ("" none)."""
+        own = ""
+        if self._shm is not None:
+            sole = sole_on_device(lease, self._node.leases.values())
+            own = await self._shm.claim_shm(lease.device_uuid, lease.trust_domain, sole=sole)
+        return own or self._settings.shm_dir
 
     def _advertised_units(self, device_ids: Sequence[str]) -> frozenset[str]:
         if not device_ids:
@@ -222,11 +255,12 @@ class PodAllocator:
             lease_id=lease.lease_id,
         )
 
-    def _allocation(self, lease: Lease) -> ContainerAllocation:
+    def _allocation(self, lease: Lease, shm_dir: str) -> ContainerAllocation:
         envs, edits = self._node.container_edits(lease)
-        mounts = [Mount(container_path=c, host_path=h) for h, c in edits]
-        if self._settings.shm_dir:
-            mounts.append(Mount(container_path=SHM_PATH, host_path=self._settings.shm_dir))
+        # the pipe directory, read-only: connect(2) to its sockets works, no entry changes
+        mounts = [Mount(container_path=c, host_path=h, read_only=True) for h, c in edits]
+        if shm_dir:
+            mounts.append(Mount(container_path=SHM_PATH, host_path=shm_dir))
         cdi = [f"nvidia.com/gpu={lease.device_uuid}"] if self._settings.cdi else []
         return ContainerAllocation(
             envs=envs,
@@ -330,9 +364,13 @@ class PodAllocator:
             raise InjectionRefused(
                 f"lease {lease.lease_id} belongs to pod {lease.pod}, not to {pod.key}: refused"
             )
+        try:
+            shm_dir = await self._claim_shm(lease)
+        except MpsError as exc:
+            raise InjectionRefused(f"lease {lease.lease_id}: {exc}") from exc
         if not self._book.handed_out(lease.lease_id):
             await self._record_injected(lease, pod, container)
-        allocation = self._allocation(lease)
+        allocation = self._allocation(lease, shm_dir)
         mounts = [BindMount(m.host_path, m.container_path, m.read_only) for m in allocation.mounts]
         return Injection(env=allocation.envs, mounts=mounts, annotations=allocation.annotations)
 

@@ -25,6 +25,7 @@ from agent.gpu.port import GpuBackend, TelemetrySource
 from agent.mps.control import SubprocessMpsControl
 from agent.mps.manager import SupervisedMpsManager
 from agent.mps.port import ControlChannel, MpsManager
+from agent.mps.shmstate import ShmOptions
 from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from agent.runtime import checks
 from agent.runtime.events import EventLog
@@ -137,6 +138,7 @@ def supervisor_options(settings: Settings) -> SupervisorOptions:
         client_group=m.client_group,
         multi_user=m.multi_user,
         by_host=m.launch == "host",
+        shm=ShmOptions.of(m),
     )
 
 
@@ -242,7 +244,9 @@ async def start_profiler(
     device = devices[device_index]
     profile_settings = dataclasses.replace(
         settings,
-        mps=dataclasses.replace(settings.mps, root_dir=f"{settings.paths.runtime_dir}/profile-mps"),
+        mps=dataclasses.replace(
+            settings.mps, root_dir=f"{settings.paths.runtime_dir}/profile-mps", shm_root=""
+        ),  # the profiler's clients run on the host: the host's /dev/shm
     )
     manager = build_mps_manager(profile_settings, ports.gpu, events)
     assert isinstance(manager, SupervisedMpsManager)

@@ -7,6 +7,8 @@
         count: 2                 # optional, default 1
         sharing_mode: mps        # optional: mps (default) or exclusive
         compute_capability: "9.0"
+        minor: [1, 0]            # optional: each GPU's /dev/nvidia<minor> (default its
+                                 # index); a number: the first GPU's, the next counting on
       - model: A100-SXM4-80GB
         memory: 80GiB
         mig:                     # optional: the GPU is in MIG mode; each instance is a device
@@ -14,7 +16,8 @@
           - {profile: 3g.40gb, memory: 40GiB}
 
 With no file the node has 4 x H100 80GB. Errors name the offending path
-(``devices[1].mig[0].memory``).
+(``devices[1].mig[0].memory``). GPUs are indexed in the order listed; a MIG instance has
+its GPU's minor number, GPU instance ids 1, 2, ... and compute instance id 0.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from agent.gpu.fake import fake_uuid
 
 DEFAULT_MODEL = "H100-SXM5-80GB"
 DEFAULT_GPU_COUNT = 4
-_GPU_KEYS = {"model", "memory", "count", "sharing_mode", "compute_capability", "mig"}
+_GPU_KEYS = {"model", "memory", "count", "sharing_mode", "compute_capability", "mig", "minor"}
+MAX_MINOR = 254  # /dev/nvidia255 is nvidiactl
 _MIG_KEYS = {"profile", "memory"}
 
 
@@ -62,8 +66,14 @@ def parse_sim_node(text: str, *, source: str = "node file") -> SimNodeSpec:
         raise SimulationError(f"{source}: devices must be a non-empty list")
     devices: list[Device] = []
     gpu_count = 0
+    minors: dict[int, str] = {}  # minor number -> the entry that has it
     for position, entry in enumerate(entries):
-        entry_devices, entry_gpus = _entry_devices(entry, f"devices[{position}]", gpu_count)
+        path = f"devices[{position}]"
+        entry_devices, entry_gpus = _entry_devices(entry, path, gpu_count)
+        for minor in dict.fromkeys(d.minor for d in entry_devices if d.minor is not None):
+            if minor in minors:
+                raise SimulationError(f"{path}.minor: {minor} is {minors[minor]}'s already")
+            minors[minor] = path
         devices.extend(entry_devices)
         gpu_count += entry_gpus
     return SimNodeSpec(tuple(devices))
@@ -79,7 +89,10 @@ def _entry_devices(entry: Any, path: str, gpu_index: int) -> tuple[list[Device],
         raise SimulationError(f"{path}.count: must be a whole number from 1 to 64")
     mode = _sharing_mode(body.get("sharing_mode", "mps"), f"{path}.sharing_mode")
     capability = _capability(body.get("compute_capability", "9.0"), path)
-    gpus = _gpus(model, memory_bytes, count, start=gpu_index, mode=mode, capability=capability)
+    minors = _minors(body.get("minor"), count, gpu_index, f"{path}.minor")
+    gpus = _gpus(
+        model, memory_bytes, count, start=gpu_index, mode=mode, capability=capability, minors=minors
+    )
     if "mig" not in body:
         return gpus, count
     return [m for gpu in gpus for m in _mig_devices(gpu, body["mig"], f"{path}.mig")], count
@@ -93,6 +106,7 @@ def _gpus(
     start: int,
     mode: SharingMode = SharingMode.MPS,
     capability: tuple[int, int] = (9, 0),
+    minors: list[int] | None = None,
 ) -> list[Device]:
     return [
         Device(
@@ -102,9 +116,31 @@ def _gpus(
             memory_bytes=memory_bytes,
             sharing_mode=mode,
             compute_capability=capability,
+            minor=start + i if minors is None else minors[i],
         )
         for i in range(count)
     ]
+
+
+def _minors(value: Any, count: int, start: int, path: str) -> list[int]:
+    """The entry's GPUs' minor numbers: a list of one each, or the first of a run; none
+    given, their indexes."""
+    if value is None:
+        numbers = [start + i for i in range(count)]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        numbers = [value + i for i in range(count)]
+    elif isinstance(value, list) and len(value) == count:
+        numbers = value
+    else:
+        raise SimulationError(f"{path}: a number, or a list of {count} numbers (one a GPU)")
+    for number in numbers:
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise SimulationError(f"{path}: {number!r} is not a whole number")
+        if not 0 <= number <= MAX_MINOR:
+            raise SimulationError(f"{path}: {number} is not from 0 to {MAX_MINOR}")
+    if len(set(numbers)) != len(numbers):
+        raise SimulationError(f"{path}: a minor number is given twice")
+    return numbers
 
 
 def _mig_devices(gpu: Device, instances: Any, path: str) -> list[Device]:
@@ -127,6 +163,8 @@ def _mig_devices(gpu: Device, instances: Any, path: str) -> list[Device]:
                 parent_uuid=gpu.uuid,
                 mig_profile=_text(body, "profile", f"{path}[{position}]"),
                 gpu_instance_id=position + 1,
+                minor=gpu.minor,
+                compute_instance_id=0,
             )
         )
     if total > gpu.memory_bytes:

@@ -1,9 +1,10 @@
 """The Helm chart deploy/helm/gpushare: it lints, renders for each Kubernetes path and each
 certificate option, and every object it renders validates against the Kubernetes schemas
 of the versions the path runs on (1.30 for the extender path, 1.34 to 1.37 where the DRA
-driver is installed); its values reach the manifests; the MPS server and its clients share
-one host directory at /dev/shm; the plain manifests under daemonset/ and deploy/ are its
-output (deploy/render.sh) and do not drift from it.
+driver is installed); its values reach the manifests; each device's MPS server gets a
+tmpfs of its own that the mps-host pod makes where the host and the agent see it; the
+plain manifests under daemonset/ and deploy/ are its output (deploy/render.sh) and do not
+drift from it.
 
 Helm itself renders here: the package helm-python-sdk (a dev dependency) binds Helm's Go
 code, so no helm binary and no network are needed."""
@@ -287,56 +288,74 @@ def test_the_agent_accepts_the_configuration_of_each_path(path: str) -> None:
 # -- MPS shared memory ---------------------------------------------------------------------
 
 
+def mounts_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in container["volumeMounts"]}
+
+
+def host_path_at(pod: dict[str, Any], container: dict[str, Any], path: str) -> tuple[str, str]:
+    """The host directory a container has at ``path`` (a directory under one of its
+    mounts) and that mount's propagation."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount_path, mount in sorted(mounts_of(container).items(), key=lambda m: -len(m[0])):
+        if path == mount_path or path.startswith(mount_path.rstrip("/") + "/"):
+            host = volumes[mount["name"]]["hostPath"]["path"]
+            return host + path[len(mount_path) :], mount.get("mountPropagation", "None")
+    raise AssertionError(f"{path} is under no mount of {container['name']}")
+
+
 @pytest.mark.parametrize(
     "shm",
-    [{}, {"hostPath": "/var/run/mps-shm", "size": "4Gi", "mode": "1770"}],
+    [{}, {"hostPath": "/var/run/mps-shm", "size": "4Gi"}],
     ids=["default", "custom"],
 )
 @pytest.mark.parametrize("path", PATHS)
-def test_the_mps_server_and_every_client_share_one_host_directory_at_dev_shm(
+def test_each_device_gets_a_tmpfs_of_its_own_that_the_host_and_the_agent_see(
     path: str, shm: dict[str, str]
 ) -> None:
-    """The agent names shm.hostPath to the runtime for each client container (kubelet and
-    dra shm_dir: Allocate/NRI mounts, CDI specs), and the mps-host pod, where the MPS
-    servers run, mounts the same host directory at /dev/shm; an init container bounds it
-    with a tmpfs of shm.size and shm.mode, visible on the host (Bidirectional)."""
-    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["shm"]
-    want = defaults | shm
+    """mps.shm_root is a directory of a host path that the mps-host pod mounts
+    Bidirectional (the tmpfs it mounts per device there reaches the host, whose runtime
+    binds it into the device's containers) and the agent's pod mounts at the same place
+    receiving mounts (it empties the directory when the trust domain changes); no init
+    container makes one tmpfs for every tenant any more. shm.hostPath stays the mps-host
+    pod's /dev/shm and the kubelet.shm_dir / dra.shm_dir of daemons without their own, and
+    never holds the per-device directories (a container given it would see them all)."""
+    want = yaml.safe_load((CHART / "values.yaml").read_text())["shm"] | shm
     docs = objects({"path": path, "shm": shm})
     config = agent_config(docs)
+    text = find(docs, "ConfigMap", "gpushare-agent-config")["data"]["config.yaml"]
+    settings = load_settings(text)
+    assert settings.mps.shm_size_bytes == (4 if shm else 1) * 2**30  # type: ignore[attr-defined]
+    root = config["mps"]["shm_root"]
+    assert root == "/run/gpushare/shm"
+
+    host = pod_of(docs, "DaemonSet", "gpushare-mps-host")
+    assert "initContainers" not in host
+    [server] = host["containers"]
+    assert server["securityContext"]["privileged"] is True  # mount(2), unshare(2)
+    made_at, made_how = host_path_at(host, server, root)
+    assert made_how == "Bidirectional"
+    agent = pod_of(docs, "DaemonSet", "gpushare-agent")
+    [serve] = agent["containers"]
+    seen_at, seen_how = host_path_at(agent, serve, root)
+    assert seen_at == made_at and seen_how in ("Bidirectional", "HostToContainer")
+
     named = []
     if config["kubelet"]["enabled"]:
         named.append(config["kubelet"]["shm_dir"])
     if config.get("dra", {}).get("enabled"):
         named.append(config["dra"]["shm_dir"])
     assert named and set(named) == {want["hostPath"]}
+    assert host_path_at(host, server, "/dev/shm")[0] == want["hostPath"]
+    shared = want["hostPath"].rstrip("/") + "/"
+    assert not made_at.startswith(shared) and not shared.startswith(made_at.rstrip("/") + "/")
 
+
+def test_an_empty_shm_size_turns_the_per_device_tmpfs_off() -> None:
+    docs = objects({"shm": {"size": ""}})
+    assert agent_config(docs)["mps"]["shm_root"] == ""
     host = pod_of(docs, "DaemonSet", "gpushare-mps-host")
-    volumes = {v["name"]: v for v in host["volumes"]}
-    [server] = host["containers"]
-    [dev_shm] = [m for m in server["volumeMounts"] if m["mountPath"] == "/dev/shm"]
-    assert volumes[dev_shm["name"]]["hostPath"] == {
-        "path": want["hostPath"],
-        "type": "DirectoryOrCreate",
-    }
-    assert dev_shm.get("mountPropagation") == "HostToContainer"  # sees the tmpfs
-    [init] = host["initContainers"]
-    [target] = init["volumeMounts"]
-    assert target["name"] == dev_shm["name"] and target["mountPropagation"] == "Bidirectional"
-    script = init["command"][-1]
-    assert f"mountpoint -q {target['mountPath']}" in script
-    assert f"size={want['size']},mode={want['mode']}" in script
-    assert script.rstrip().endswith(f"tmpfs {target['mountPath']}")
-    assert init["securityContext"]["privileged"] is True  # mount(2) on the host's directory
-    # The agent's own pod does not need it: it only names it.
-    agent = pod_of(docs, "DaemonSet", "gpushare-agent")
-    assert all(v.get("hostPath", {}).get("path") != want["hostPath"] for v in agent["volumes"])
-
-
-def test_an_empty_shm_size_leaves_the_directory_without_a_tmpfs() -> None:
-    host = pod_of(objects({"shm": {"size": ""}}), "DaemonSet", "gpushare-mps-host")
     assert "initContainers" not in host
-    assert any(m["mountPath"] == "/dev/shm" for m in host["containers"][0]["volumeMounts"])
+    assert "/dev/shm" in mounts_of(host["containers"][0])
 
 
 # -- the plain manifests are the chart's output ---------------------------------------------

@@ -50,7 +50,7 @@ DRA_DEFAULTS: dict[str, object] = {
     "slice_min_interval_s": 1.0,
     "reconcile_interval_s": 30,
 }
-DRA_KEYS = {*DRA_DEFAULTS, "shm_dir", "api_token_file", "api_ca"}
+DRA_KEYS = {*DRA_DEFAULTS, "shm_dir", "host_dev_root", "api_token_file", "api_ca"}
 SHM_DIR = "/run/gpushare-shm"
 CAPACITIES = {"memory", "threads", "clients"}
 FEATURE_GATES = {
@@ -481,14 +481,17 @@ def test_the_dra_config_is_the_shipped_one_with_dra_on_and_the_device_plugin_off
     assert config["api"] == shipped["api"] and config["api"]["tls_client_ca_file"]  # mTLS
     dra = config["dra"]
     assert set(dra) <= DRA_KEYS, set(dra) - DRA_KEYS
-    assert dra == DRA_DEFAULTS | {"enabled": True, "shm_dir": SHM_DIR}
+    shipped_dra = {"enabled": True, "shm_dir": SHM_DIR, "host_dev_root": "/host/dev"}
+    assert dra == DRA_DEFAULTS | shipped_dra
 
 
 def test_the_kind_dra_config_is_the_dra_one_on_a_simulated_node() -> None:
     config = agent_config(KIND / "agent-config-dra.yaml")
-    # A simulated node runs no mps-host pod (its agent runs fake daemons): no shm directory.
+    # A simulated node runs no mps-host pod (its agent runs fake daemons): no shm directory;
+    # and its devices have no device nodes to read from the host's /dev.
     shipped = agent_config(DRA / "agent-config.yaml")["dra"]
-    assert config["dra"] == {k: v for k, v in shipped.items() if k != "shm_dir"}
+    node_only = {"shm_dir", "host_dev_root"}
+    assert config["dra"] == {k: v for k, v in shipped.items() if k not in node_only}
     assert config["sim"]["enabled"] is True and config["kubelet"] == {"enabled": False}
     kind = agent_config(KIND / "agent-config.yaml")
     different = {"kubelet", "dra"}

@@ -14,13 +14,15 @@
   a claim reserved for nobody is deallocated;
 * :class:`PodRunner` is the kubelet's pod worker: a pod bound to a node is run through that
   node's kubelet (Prepare, CDI), reported Running, and stopped (Unprepare) once deleted; the
-  claim made for a pod's extended resources (KEP-5004) is run as one more of its claims.
+  claim made for a pod's extended resources (KEP-5004) is run as one more of its claims. A
+  pod it is told to hold waits, bound, until released (a kubelet that syncs it later).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -76,6 +78,18 @@ class DraNode(AgentProcess):
     def registry_dir(self) -> Path:
         return self.root / "registry"
 
+    def spec_file(self, claim_uid: str) -> Path:
+        """Where the driver writes the claim's CDI spec."""
+        return self.cdi_dir / f"{DRIVER}-claim_{claim_uid}.json"
+
+    def specs(self) -> dict[str, Any]:
+        """Claim uid -> its CDI spec, parsed, for each spec of the driver on the node."""
+        prefix, found = f"{DRIVER}-claim_", {}
+        for path in sorted(self.cdi_dir.glob(f"{prefix}*.json")):
+            with contextlib.suppress(FileNotFoundError):
+                found[path.name[len(prefix) : -len(".json")]] = json.loads(path.read_text())
+        return found
+
     def command(self) -> list[str]:
         settings = {
             "paths.runtime_dir": self.root,
@@ -120,6 +134,13 @@ class DraNode(AgentProcess):
     async def leases(self) -> list[pb.Lease]:
         return list((await self.call("get_node")).leases)
 
+    async def lease_ids(self) -> dict[str, list[str]]:
+        """Claim uid -> the lease ids the ledger holds for it (request id ``dra:<uid>:...``)."""
+        found: dict[str, list[str]] = {}
+        for lease in await self.leases():
+            found.setdefault(lease.request_id.split(":")[1], []).append(lease.lease_id)
+        return found
+
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
         async with asyncio.timeout(timeout_s):
             while True:
@@ -142,6 +163,8 @@ class PodRunner:
         self.containers: dict[tuple[str, str], dict[str, FakeContainer]] = {}
         self.errors: dict[tuple[str, str], str] = {}  # the last start failure of a pod
         self.stopped: dict[str, dict[str, str]] = {}  # pod uid -> Unprepare answers
+        self.held: set[tuple[str, str]] = set()  # (namespace, name): not run until released
+        self.waiting: dict[tuple[str, str], Obj] = {}  # held pods, bound to a node
         self._running: dict[str, Obj] = {}  # pod uid -> pod, on the node it was started on
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -160,15 +183,27 @@ class PodRunner:
 
     def _see(self, pod: Obj, *, deleted: bool) -> None:
         meta = pod["metadata"]
-        uid = meta["uid"]
+        uid, key = meta["uid"], (meta["namespace"], meta["name"])
         if deleted or meta.get("deletionTimestamp"):
+            self.waiting.pop(key, None)
             if uid in self._running:
                 self._spawn(self._stop(self._running.pop(uid)))
             return
         if uid in self._running or pod["spec"].get("nodeName") not in self.nodes:
             return
+        if key in self.held:
+            self.waiting[key] = pod
+            return
         self._running[uid] = pod
         self._spawn(self._start(pod))
+
+    def release(self, namespace: str, name: str) -> None:
+        """Run a held pod now (or as soon as it is bound)."""
+        key = (namespace, name)
+        self.held.discard(key)
+        pod = self.waiting.pop(key, None)
+        if pod is not None:
+            self._see(pod, deleted=False)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -330,6 +365,11 @@ class DraCluster:
 
     def claims(self) -> list[Obj]:
         return self.api_server.objects("resourceclaims")
+
+    def claim_uid(self, pod: str) -> str:
+        """The uid of the claim made for ``pod``'s ``gpu`` request from its template."""
+        [found] = [c for c in self.claims() if c["metadata"]["name"].startswith(f"{pod}-gpu-")]
+        return str(found["metadata"]["uid"])
 
     async def all_leases(self) -> dict[str, list[pb.Lease]]:
         return {name: await n.leases() for name, n in self.nodes.items() if n.process}

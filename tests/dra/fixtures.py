@@ -1,5 +1,6 @@
 """Builders of resource.k8s.io/v1 objects, as the API returns them, for the DRA stand-ins'
-tests: devices with gpushare.io's capacities, slices, classes, claims and requests."""
+tests: devices with gpushare.io's capacities, slices, classes, claims and requests; the
+driver, node and API token those tests share (tests/dra/conftest.py's ``api``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 Obj = dict[str, Any]
 DRIVER = "gpushare.io"
 NODE = "node-a"
+TOKEN = "t"  # the API stand-in's bearer token
 API = "resource.k8s.io/v1"
 
 

@@ -16,7 +16,16 @@ real gRPC APIs (the kubelet's own protos, generated in ``agent.dra.proto``) on U
 * :meth:`DraKubelet.prepare` / :meth:`DraKubelet.unprepare`: NodePrepareResources /
   NodeUnprepareResources with ``{namespace, uid, name}`` per claim, sent to every driver
   named in the claim's allocation results, through the newest endpoint registered for it,
-  on the service chosen at registration, with a 45 s timeout.
+  on the service chosen at registration, with a 45 s timeout; a call under way when its
+  plugin is deregistered fails (CANCELLED: the connection is closed under it). Each call
+  (or attempt where the driver is not registered) is kept in ``calls``.
+* Retries (``retry``, off unless given): a claim whose Prepare or Unprepare failed, for
+  whatever reason (the driver's error, UNAVAILABLE, a deadline, a driver not registered),
+  is sent again after a back-off, doubling up to a ceiling, until it succeeds or the
+  deadline has passed. This is the kubelet's pod worker: a failed Prepare fails the pod's
+  sync and a failed Unprepare keeps the terminated pod's cleanup pending, and the worker
+  syncs the pod again after a back-off (10 s, jittered, in the kubelet) with the claims
+  not yet done; claims done in the same call are not sent again.
 * :meth:`DraKubelet.run_pod` / :meth:`DraKubelet.stop_pod`: the pod's claims (given, or read
   from the API server) are checked as the kubelet checks them (reserved for the pod),
   prepared once per node however many pods use them, and each container is created as a
@@ -28,11 +37,13 @@ Where it is simpler than the kubelet: sockets are polled, not watched with inoti
 only ``*-reg.sock`` names are looked at; the newest endpoint of a driver is called whether
 or not its connection is up; the health stream is opened as by a kubelet with the
 ResourceHealthStatus gate on, and the devices of a deregistered plugin keep their health
-until it times out; ResourceSlices are never wiped; claims are not checkpointed, a claim
-made from a template is not checked to be owned by the pod, nothing is retried by a pod
-worker (a test calls ``run_pod`` again) and a failed unprepare is not retried. The runtime
-applies env, mounts and device nodes only (hooks and the rest are ignored, host device
-nodes are not looked at, mounts are not sorted by depth).
+until it times out; ResourceSlices are never wiped; the claims prepared are kept in memory
+only (a :meth:`DraKubelet.stop` and :meth:`DraKubelet.start` keep them, as a kubelet's
+restart keeps its checkpoint), a claim made from a template is not checked to be owned by
+the pod, and without ``retry`` nothing is retried (a test calls ``run_pod`` again) and a
+failed unprepare is not retried. The runtime applies env, mounts and device nodes only
+(hooks and the rest are ignored, host device nodes are not looked at, mounts are not
+sorted by depth).
 """
 
 from __future__ import annotations
@@ -130,6 +141,30 @@ class PreparedDevice:
 
 
 ClaimResult = list[PreparedDevice] | str  # the devices, or the claim's error
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How the kubelet tries a failed Prepare or Unprepare again: after ``first_s``,
+    doubling up to ``max_s``, until ``deadline_s`` after the first try."""
+
+    first_s: float = 0.1
+    max_s: float = 1.0
+    deadline_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One NodePrepareResources or NodeUnprepareResources sent to a driver (or not sent:
+    the driver is not registered, the error says so)."""
+
+    method: str
+    driver: str
+    errors: dict[str, str]  # claim uid -> its error, "" = done
+
+    @property
+    def failed(self) -> dict[str, str]:
+        return {uid: error for uid, error in self.errors.items() if error}
 
 
 @dataclass
@@ -231,6 +266,7 @@ class DraKubelet:
         health_retry_s: float = HEALTH_RETRY_S,
         health_timeout_s: float = HEALTH_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        retry: Retry | None = None,
     ) -> None:
         self.registry_dir = Path(registry_dir)
         self.node_name = node_name
@@ -244,6 +280,8 @@ class DraKubelet:
         self.health_retry_s = health_retry_s
         self.health_timeout_s = health_timeout_s
         self.clock = clock  # for health timeouts
+        self.retry = retry  # None: a failed Prepare or Unprepare is not sent again
+        self.calls: list[Call] = []  # every Prepare and Unprepare, in order
         self.registrations = 0  # successful registrations, re-registrations included
         self.registration_errors: list[str] = []  # every NotifyRegistrationStatus(false) text
         self.cdi_errors: dict[str, str] = {}  # spec file -> why it was ignored (last creation)
@@ -493,7 +531,40 @@ class DraKubelet:
     async def prepare(self, claims: Sequence[Obj]) -> dict[str, ClaimResult]:
         """NodePrepareResources for these ResourceClaim objects, per driver of their
         allocation: claim uid -> the devices of all its drivers, or an error (the driver's
-        own text, or why it could not be asked)."""
+        own text, or why it could not be asked; the last one, with ``retry``)."""
+        results = await self._prepare_once(claims)
+        await self._retry(claims, results, lambda r: isinstance(r, str), self._prepare_once)
+        return results
+
+    async def unprepare(self, claims: Sequence[Obj]) -> dict[str, str]:
+        """NodeUnprepareResources for these claims, per driver: uid -> error ("" = done)."""
+        results = await self._unprepare_once(claims)
+        await self._retry(claims, results, bool, self._unprepare_once)
+        return results
+
+    async def _retry(
+        self,
+        claims: Sequence[Obj],
+        results: dict[str, Any],
+        failed: Callable[[Any], bool],
+        once: Callable[[Sequence[Obj]], Any],
+    ) -> None:
+        """With ``retry``: the failed claims sent again, ``results`` updated, until none
+        fails or the next try would come after the deadline."""
+        if self.retry is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry.deadline_s
+        backoff_s = self.retry.first_s
+        while True:
+            again = [c for c in claims if failed(results[claim_key(c)[1]])]
+            if not again or loop.time() + backoff_s > deadline:
+                return
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, self.retry.max_s)
+            results.update(await once(again))
+
+    async def _prepare_once(self, claims: Sequence[Obj]) -> dict[str, ClaimResult]:
         results: dict[str, ClaimResult] = {}
         groups: dict[str, list[Obj]] = {}
         for claim in claims:
@@ -511,8 +582,7 @@ class DraKubelet:
                     results[uid] = result if isinstance(result, str) else done + result
         return results
 
-    async def unprepare(self, claims: Sequence[Obj]) -> dict[str, str]:
-        """NodeUnprepareResources for these claims, per driver: uid -> error ("" = done)."""
+    async def _unprepare_once(self, claims: Sequence[Obj]) -> dict[str, str]:
         results = {claim_key(claim)[1]: "" for claim in claims}
         groups: dict[str, list[Obj]] = {}
         for claim in claims:
@@ -524,6 +594,13 @@ class DraKubelet:
         return results
 
     async def _prepare_on(self, driver: str, claims: list[Obj]) -> dict[str, ClaimResult]:
+        method = "NodePrepareResources"
+        results = await self._prepare_answers(driver, claims)
+        errors = {uid: r if isinstance(r, str) else "" for uid, r in results.items()}
+        self.calls.append(Call(method, driver, errors))
+        return results
+
+    async def _prepare_answers(self, driver: str, claims: list[Obj]) -> dict[str, ClaimResult]:
         uids = [claim_key(claim)[1] for claim in claims]
         try:
             answer = await self._call(driver, "NodePrepareResources", claims)
@@ -536,6 +613,11 @@ class DraKubelet:
         return {uid: _prepared(driver, answer.claims.get(uid)) for uid in uids}
 
     async def _unprepare_on(self, driver: str, claims: list[Obj]) -> dict[str, str]:
+        errors = await self._unprepare_answers(driver, claims)
+        self.calls.append(Call("NodeUnprepareResources", driver, dict(errors)))
+        return errors
+
+    async def _unprepare_answers(self, driver: str, claims: list[Obj]) -> dict[str, str]:
         uids = [claim_key(claim)[1] for claim in claims]
         try:
             answer = await self._call(driver, "NodeUnprepareResources", claims)
@@ -556,7 +638,17 @@ class DraKubelet:
             ]
         )
         rpc = getattr(stub_class(plugin.channel), method)
-        return await rpc(request, timeout=self.call_timeout_s)
+        try:
+            return await rpc(request, timeout=self.call_timeout_s)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this call's caller is cancelled
+            # grpc.aio cancels the calls of a closed channel: the plugin was deregistered
+            # meanwhile (its registration socket went); the kubelet's call fails so
+            raise DraKubeletError(
+                f"{method} failed: CANCELLED: grpc: the client connection is closing"
+            ) from None
 
     # -- pods ----------------------------------------------------------------------------
 

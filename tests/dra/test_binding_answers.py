@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 
-from agent.core.lease import Lease, LeaseState
+from agent.core.lease import CLAIM_OWNER, Lease, LeaseState
 from agent.core.types import PriorityClass
 from agent.dra.claims import ClaimError, Share
 from agent.kubeapi.rest import RestKubeApi
 from agent.runtime.claims import ShareLeases
-from agent.runtime.drasync import BindingAnswers
+from agent.runtime.draanswers import BindingAnswers
+from tests.dra.fixtures import DRIVER, NODE
 from tests.kube.apiserver import FakeApiServer
-
-TOKEN = "t"
-DRIVER, NODE = "gpushare.io", "node-a"
 
 
 class FakeNode:
@@ -43,6 +41,10 @@ class FakeDriver:
         self.leases = ShareLeases(self.node, default_memory_bytes=1, default_thread_pct=1)  # type: ignore[arg-type]
         self.admitted: list[str] = []
         self.notes: list[tuple[str, str]] = []
+        self.refused_devices: list[str] = []
+
+    def refused_device(self, device_name: str) -> None:
+        self.refused_devices.append(device_name)
 
     def note(self, kind: str, message: str, claim: Mapping[str, Any], **attrs: str) -> None:
         self.notes.append((kind, attrs.get("reason", "")))
@@ -58,6 +60,7 @@ class FakeDriver:
         lease = Lease(
             f"l-{len(self.admitted)}", request_id, "ns", "ns", share.device,
             PriorityClass.BURSTABLE, 2**30, 10.0, LeaseState.ADMITTED, 0.0, 0.0,
+            owner=CLAIM_OWNER,  # a claim's, as the driver's admissions make them
         )  # fmt: skip
         self.node.leases[lease.lease_id] = lease
         self.admitted.append(share.key)
@@ -65,18 +68,8 @@ class FakeDriver:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer(token=TOKEN) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
-    adapter = RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=1.0)
-    try:
-        yield adapter
-    finally:
-        await adapter.aclose()
+def kube_timeout_s() -> float:
+    return 1.0  # a status write with no answer is given up within a test's time
 
 
 def claim(name: str, *devices: str) -> dict[str, Any]:
@@ -104,8 +97,11 @@ def claim(name: str, *devices: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def answering(kube: RestKubeApi, driver: FakeDriver) -> AsyncIterator[BindingAnswers]:
-    answers = BindingAnswers(driver, kube, backoff_s=0.05)  # type: ignore[arg-type]
+async def answering(
+    kube: RestKubeApi, driver: FakeDriver, *, backoff_s: float = 0.05, **options: float
+) -> AsyncIterator[BindingAnswers]:
+    """The answers running; ``options``: :class:`BindingAnswers`' own."""
+    answers = BindingAnswers(driver, kube, backoff_s=backoff_s, **options)  # type: ignore[arg-type]
     task = asyncio.create_task(answers.run())
     try:
         yield answers
@@ -166,6 +162,7 @@ async def test_a_refused_share_keeps_no_lease(api: FakeApiServer, kube: RestKube
     assert driver.node.leases == {}
     assert answers.refused == 1
     assert driver.notes == [("dra.refused", "NO_MEMORY")]
+    assert driver.refused_devices == ["gpu-1"]  # the device backs off
 
 
 async def test_a_refusal_whose_answer_was_lost_keeps_no_lease(
@@ -190,7 +187,7 @@ async def test_a_claim_with_two_shares_on_the_node_is_refused_whole(
         api.put_object("resourceclaims", claim("two", "gpu-0", "gpu-1"))
         await until(lambda: len(conditions(api, "two")) == 2)
     assert {c[1:] for c in conditions(api, "two")} == {
-        ("gpushare.io/refused", "ONE_SHARE_PER_NODE")
+        ("gpushare.io/refused", "ONE_SHARE_PER_REQUEST")
     }
     assert driver.node.leases == {} and driver.admitted == []
 
@@ -222,8 +219,9 @@ async def test_a_watch_whose_version_expired_lists_again_and_misses_no_claim(
     async with answering(kube, driver):
         api.put_object("resourceclaims", claim("before", "gpu-0"))
         await until(lambda: bool(conditions(api, "before")))
-        api.compact()
+        api.end_watches()
         api.put_object("resourceclaims", claim("meanwhile", "gpu-1"))
-        api.end_watches()  # the watch comes back with a version the server forgot
+        api.compact()  # the watch comes back with a version the server forgot
         await until(lambda: bool(conditions(api, "meanwhile")))
     assert conditions(api, "meanwhile") == [("gpu-1", "gpushare.io/admitted", "Admitted")]
+    assert api.requests["list"] == 2  # listed again

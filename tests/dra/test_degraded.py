@@ -6,7 +6,7 @@ driver, publishing to the API stand-in."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,33 +17,23 @@ from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import Ports
 from agent.runtime.wiring import SimCounters
-from tests.certs import make_token
 from tests.dra.allocator import AllocationError, allocate
 from tests.dra.cluster import DEVICE_CLASS
-from tests.helpers import FakeClock, running_app, short_dir, sim_settings
+from tests.dra.fixtures import NODE
+from tests.helpers import FakeClock, running_app, sim_settings
 from tests.integration.control.test_scenarios import WINDOW_S, Node, signature, three_tenants
 from tests.kube.apiserver import FakeApiServer
 
-TOKEN = "t"
-NODE = "node-a"
+
+@pytest.fixture
+def api(api: FakeApiServer) -> FakeApiServer:
+    """The API stand-in with the DeviceClass as shipped."""
+    api.put_object("deviceclasses", DEVICE_CLASS)
+    return api
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer(token=TOKEN) as server:
-        server.create_node(NODE)
-        server.put_object("deviceclasses", DEVICE_CLASS)
-        yield server
-
-
-@pytest.fixture
-async def sim(root: Path, api: FakeApiServer) -> AsyncIterator[Node]:
+async def sim(root: Path, driver_settings: dict[str, object]) -> AsyncIterator[Node]:
     clock, counters = FakeClock(), SimCounters()
     ports = Ports(
         gpu=FakeGpuBackend.with_gpus(1),
@@ -51,7 +41,6 @@ async def sim(root: Path, api: FakeApiServer) -> AsyncIterator[Node]:
         telemetry=[FakeTelemetrySource(counters, clock=clock)],
         simulated=True,
     )
-    make_token(root / "api-token", TOKEN)
     settings = sim_settings(
         root,
         **{
@@ -66,14 +55,7 @@ async def sim(root: Path, api: FakeApiServer) -> AsyncIterator[Node]:
             "readiness.policy": "reclaim",
             "degradation.windows": 3,
             "degradation.cooldown_windows": 3,
-            "runtime.node_name": NODE,
-            "dra.enabled": True,
-            "dra.plugin_dir": str(root / "plugin"),
-            "dra.registry_dir": str(root / "registry"),
-            "dra.cdi_dir": str(root / "cdi"),
-            "dra.api_server": api.url,
-            "dra.api_token_file": str(root / "api-token"),
-            "dra.slice_min_interval_s": 0.05,
+            **driver_settings,
         },
     )
     async with running_app(settings, ports, clock=clock) as app:

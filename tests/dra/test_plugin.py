@@ -4,7 +4,9 @@ Unprepare answered claim by claim, the health stream, and sockets that come back
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -26,7 +28,6 @@ from agent.dra.proto import (
     registration_pb2_grpc,
 )
 from agent.dra.service import DraService
-from tests.helpers import short_dir
 
 DEVICE = PreparedDevice(("gpu",), "node-a", "gpu-0", ("gpushare.io/claim=u1-s1",), "s1")
 
@@ -56,27 +57,31 @@ class RecordingDriver:
         return list(self.devices)
 
 
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_dir() as path:
-        yield path
-
-
-@pytest.fixture
-async def plugin(root: Path) -> AsyncIterator[tuple[DraPluginServer, RecordingDriver]]:
+@contextlib.asynccontextmanager
+async def serving(
+    root: Path, service: Callable[[RecordingDriver], DraService] = DraService, **options: float
+) -> AsyncIterator[tuple[DraPluginServer, RecordingDriver]]:
+    """The plugin's server, started, over a :class:`RecordingDriver`; ``options`` are the
+    server's."""
     driver = RecordingDriver()
     server = DraPluginServer(
-        DraService(driver, resend_s=0.2),
+        service(driver),
         driver_name="gpushare.io",
         plugin_dir=root / "plugins" / "gpushare.io",
         registry_dir=root / "registry",
-        poll_s=0.05,
+        **options,
     )
     await server.start()
     try:
         yield server, driver
     finally:
         await server.stop(0)
+
+
+@pytest.fixture
+async def plugin(root: Path) -> AsyncIterator[tuple[DraPluginServer, RecordingDriver]]:
+    async with serving(root, functools.partial(DraService, resend_s=0.2), poll_s=0.05) as found:
+        yield found
 
 
 def channel(path: Path) -> grpc.aio.Channel:

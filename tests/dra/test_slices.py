@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from agent.dra.slices import Capacity, SliceDevice, SlicePublisher, Taint
+from agent.dra.publisher import SlicePublisher
+from agent.dra.slices import Capacity, SliceDevice, Taint
 from agent.kubeapi.port import KubeError
 from agent.kubeapi.rest import RestKubeApi
+from tests.dra.fixtures import NODE, TOKEN
 from tests.kube.apiserver import FakeApiServer
 
-TOKEN = "t"
-NODE = "node-a"
 CAPACITY = {
     "memory": Capacity("71Gi", "8Gi", min="256Mi", max="71Gi", step="1Mi"),
     "clients": Capacity("16", "1", valid_values=("1",)),
@@ -34,22 +33,6 @@ def device(name: str = "gpu-0", taint: str = "") -> SliceDevice:
         binding_conditions=("gpushare.io/admitted",),
         binding_failure_conditions=("gpushare.io/refused",),
     )
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer(token=TOKEN) as server:
-        server.create_node(NODE)
-        yield server
-
-
-@pytest.fixture
-async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
-    adapter = RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=2.0)
-    try:
-        yield adapter
-    finally:
-        await adapter.aclose()
 
 
 def publisher(kube: RestKubeApi, **options: float) -> SlicePublisher:

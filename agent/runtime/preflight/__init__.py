@@ -1,6 +1,6 @@
 """``gpushare doctor``'s preflight: facts gathered on the node (:mod:`.gather`, and the CLI
 for the agent and the Kubernetes API), pure checks over them (:mod:`.checks`,
-:mod:`.certificates`), one :class:`~.facts.Finding` per check."""
+:mod:`.shmcheck`, :mod:`.certificates`), one :class:`~.facts.Finding` per check."""
 
 from agent.runtime.preflight.certificates import (
     CERT_WARN_DAYS,
@@ -21,13 +21,13 @@ from agent.runtime.preflight.checks import (
     check_mps_dirs,
     check_node_label,
     check_runtime_class,
-    check_shm,
 )
 from agent.runtime.preflight.facts import (
     AgentFacts,
     BinaryFacts,
     CertFacts,
     DeviceDirs,
+    DeviceShm,
     DriverFacts,
     Finding,
     KubeFacts,
@@ -38,6 +38,7 @@ from agent.runtime.preflight.facts import (
     failed,
     render,
 )
+from agent.runtime.preflight.shmcheck import check_shm
 
 __all__ = [
     "CERT_WARN_DAYS",
@@ -48,6 +49,7 @@ __all__ = [
     "CertFacts",
     "CertificateError",
     "DeviceDirs",
+    "DeviceShm",
     "DriverFacts",
     "Finding",
     "KubeFacts",

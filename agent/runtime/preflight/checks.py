@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Sequence
 
 from agent.mps.version import mismatch
@@ -15,7 +14,6 @@ from agent.runtime.preflight.facts import (
     KubeFacts,
     MpsDirFacts,
     PathFacts,
-    ShmFacts,
 )
 
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -179,7 +177,7 @@ def _pipe_mode(client_gid: int | None) -> int:
     return 0o750 if client_gid is not None else 0o700
 
 
-def _listed(items: Sequence[str]) -> str:
+def listed(items: Sequence[str]) -> str:
     shown = "; ".join(items[:MAX_LISTED])
     more = len(items) - MAX_LISTED
     return shown + (f" (+{more} more)" if more > 0 else "")
@@ -232,7 +230,7 @@ def check_mps_dirs(facts: MpsDirFacts) -> Finding:
             " (the agent puts them back at its next probe: a change means something else "
             "writes there)"
         )
-        return Finding("fail", name, _listed(problems), fix)
+        return Finding("fail", name, listed(problems), fix)
     summary = (
         f"{len(facts.devices)} device(s) under {root.path}: pipe and log {mode:04o} uid "
         f"{facts.agent_uid} gid {group}"
@@ -247,69 +245,6 @@ def check_mps_dirs(facts: MpsDirFacts) -> Finding:
             "(runAsGroup/supplementalGroups), or set mps.client_gid",
         )
     return Finding("ok", name, summary)
-
-
-def check_shm(facts: ShmFacts) -> Finding:
-    """One host directory, shared by the MPS server and every client at /dev/shm."""
-    name = "mps-shm"
-    if not facts.kubelet_enabled and not facts.dra_enabled:
-        return Finding(
-            "skip",
-            name,
-            "no Kubernetes path (kubelet.enabled and dra.enabled are off): clients on the "
-            "host share its /dev/shm with the MPS server",
-        )
-    if facts.kubelet_shm_dir and facts.dra_shm_dir and facts.kubelet_shm_dir != facts.dra_shm_dir:
-        return Finding(
-            "fail",
-            name,
-            f"kubelet.shm_dir {facts.kubelet_shm_dir} and dra.shm_dir {facts.dra_shm_dir} differ",
-            "set both to the host directory the mps-host pod mounts at /dev/shm",
-        )
-    keys = [
-        key
-        for key, on, value in (
-            ("kubelet.shm_dir", facts.kubelet_enabled, facts.kubelet_shm_dir),
-            ("dra.shm_dir", facts.dra_enabled, facts.dra_shm_dir),
-        )
-        if on and not value
-    ]
-    if keys:
-        return Finding(
-            "warn",
-            name,
-            f"{' and '.join(keys)} empty: each client container gets a /dev/shm of its own, "
-            "which the MPS server does not share",
-            f"set {' and '.join(keys)} to the host directory the mps-host pod mounts at /dev/shm",
-        )
-    d = facts.directory
-    if d is None:  # pragma: no cover - gathered whenever a directory is configured
-        return Finding("skip", name, "no shm directory configured")
-    if d.error:
-        return Finding("fail", name, f"cannot look at {d.path}: {d.error}")
-    make = f"mkdir -p {d.path} && chmod 1777 {d.path} (or a tmpfs of the size clients need)"
-    if not d.exists:
-        return Finding("fail", name, f"{d.path} does not exist", make)
-    if not d.is_dir:
-        return Finding("fail", name, f"{d.path} is not a directory", make)
-    by_group = facts.client_gid is not None and d.gid == facts.client_gid and d.mode & 0o020
-    if not d.mode & 0o002 and not by_group:
-        return Finding(
-            "fail",
-            name,
-            f"{d.path} is {d.shown()}: MPS clients of other users cannot create their "
-            "segments in it",
-            f"chmod 1777 {d.path}",
-        )
-    if d.mode & 0o002 and not d.mode & stat.S_ISVTX:
-        return Finding(
-            "warn",
-            name,
-            f"{d.path} is world-writable without the sticky bit ({d.mode:04o}): clients may "
-            "remove each other's segments",
-            f"chmod 1777 {d.path}",
-        )
-    return Finding("ok", name, f"{d.path} exists, mode {d.mode:04o}")
 
 
 def check_dir(name: str, key: str, enabled_key: str, enabled: bool, d: PathFacts) -> Finding:

@@ -108,13 +108,31 @@ class MpsDirFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceShm:
+    """A device's shared memory (mps.shm_root): what its daemon's servers see at /dev/shm
+    (``state``: own, shared, legacy, mismatch, or none without a daemon; ``reason`` why
+    not its own) and what is mounted at ``<shm_root>/<uuid>`` (``fstype`` "" nothing)."""
+
+    uuid: str
+    directory: str
+    state: str
+    reason: str = ""
+    fstype: str = ""
+    size_bytes: int | None = None
+    lacks: tuple[str, ...] = ()  # of nosuid, nodev, noexec
+
+
+@dataclass(frozen=True, slots=True)
 class ShmFacts:
     kubelet_enabled: bool
     kubelet_shm_dir: str
     dra_enabled: bool
     dra_shm_dir: str
-    directory: PathFacts | None = None  # the one configured directory, if any
+    directory: PathFacts | None = None  # the one configured shared directory, if any
     client_gid: int | None = None
+    shm_root: str = ""  # mps.shm_root: a tmpfs per device under it ("" none)
+    root: PathFacts | None = None  # mps.shm_root on disk
+    devices: Sequence[DeviceShm] = ()  # the devices that have an MPS directory
 
 
 @dataclass(frozen=True, slots=True)

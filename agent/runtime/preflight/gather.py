@@ -13,6 +13,9 @@ from pathlib import Path
 
 from agent.config import Settings
 from agent.core.errors import GpushareError
+from agent.mps import shmstate as shm
+from agent.mps.daemon import lock_holder
+from agent.mps.shm import mount_of, read_mountinfo
 from agent.mps.version import MAX_BINARY_BYTES, embedded_release
 from agent.runtime.checks import FAKE_CONTROL_BINARY, REAL_CONTROL_BINARY
 from agent.runtime.preflight.certificates import CertificateError, pem_validity
@@ -20,6 +23,7 @@ from agent.runtime.preflight.facts import (
     BinaryFacts,
     CertFacts,
     DeviceDirs,
+    DeviceShm,
     DriverFacts,
     MpsDirFacts,
     PathFacts,
@@ -148,6 +152,7 @@ def mps_dir_facts(settings: Settings, *, agent_running: bool) -> MpsDirFacts:
 def shm_facts(settings: Settings) -> ShmFacts:
     k, d = settings.kubelet, settings.dra
     directory = (k.shm_dir if k.enabled else "") or (d.shm_dir if d.enabled else "")
+    options = shm.ShmOptions.of(settings.mps)
     return ShmFacts(
         kubelet_enabled=k.enabled,
         kubelet_shm_dir=k.shm_dir,
@@ -155,7 +160,52 @@ def shm_facts(settings: Settings) -> ShmFacts:
         dra_shm_dir=d.shm_dir,
         directory=path_facts(directory, follow=True) if directory else None,
         client_gid=_client_gid(settings)[0],
+        shm_root=options.root,
+        root=path_facts(options.root) if options.enabled else None,
+        devices=device_shm_facts(settings.mps_root_dir, options) if options.enabled else (),
     )
+
+
+def device_shm_facts(mps_root: str, options: shm.ShmOptions) -> list[DeviceShm]:
+    """Per device with an MPS directory: what its live daemon's servers see (its record,
+    checked through /proc where this user may look) and what is mounted for it."""
+    try:
+        names = sorted(os.listdir(mps_root))
+        mountinfo = read_mountinfo()
+    except OSError:
+        return []
+    found = []
+    for uuid in names:
+        if not os.path.isdir(f"{mps_root}/{uuid}/pipe"):
+            continue
+        directory = options.device_dir(uuid)
+        pid = lock_holder(f"{mps_root}/{uuid}/pipe")
+        if pid:
+            state = shm.judge(
+                options,
+                uuid,
+                pid=pid,
+                start=shm.start_time(pid),
+                record=shm.read_record(shm.record_path(f"{mps_root}/{uuid}")),
+                seen=shm.sees(pid, directory),
+            )
+            kind: str = state.kind
+            reason = state.reason
+        else:
+            kind, reason = "none", "no control daemon runs"
+        entry = mount_of(directory, mountinfo)
+        found.append(
+            DeviceShm(
+                uuid,
+                directory,
+                kind,
+                reason,
+                fstype=entry.fstype if entry else "",
+                size_bytes=entry.size_bytes if entry else None,
+                lacks=tuple(entry.lacks()) if entry else (),
+            )
+        )
+    return found
 
 
 def _setting(settings: Settings, key: str) -> str:

@@ -1,14 +1,19 @@
-"""Build a DaemonSupervisor around a real or fake control binary, with short timings."""
+"""Build a DaemonSupervisor around a real or fake control binary, with short timings; the
+two binaries as test parameters."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from agent.core.types import Device
 from agent.core.units import GIB
@@ -25,6 +30,15 @@ FAKE_BINARY = (
     else shutil.which("gpushare-fake-mps-control") or str(_BESIDE_PYTHON)
 )
 
+REAL = pytest.param(
+    REAL_BINARY or "",
+    id="real",
+    marks=[
+        pytest.mark.mps_binary,
+        pytest.mark.skipif(REAL_BINARY is None, reason="nvidia-cuda-mps-control not installed"),
+    ],
+)
+BINARIES = [pytest.param(FAKE_BINARY, id="fake"), REAL]
 
 FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
@@ -67,16 +81,8 @@ class Recorder:
         return [kind for kind, _m, _a in self.events]
 
 
-def make_supervisor(
-    binary: str,
-    root: Path,
-    *,
-    device: Device | None = None,
-    defaults: DaemonDefaults | None = None,
-    **options: object,
-) -> tuple[DaemonSupervisor, Recorder, FakeGpuBackend]:
-    gpu = FakeGpuBackend.with_gpus(1)
-    device = device or real_device() or Device(FAKE_UUID, 0, "H100", 80 * GIB)
+def supervisor_options(binary: str, root: Path, **options: object) -> SupervisorOptions:
+    """The supervisors' options, short timings, with ``options`` over them."""
     values: dict[str, object] = {
         "binary": binary,
         "root_dir": str(root / "mps"),
@@ -88,6 +94,19 @@ def make_supervisor(
         "quit_timeout_s": 1,
     }
     values.update(options)
+    return SupervisorOptions(**values)  # type: ignore[arg-type]
+
+
+def make_supervisor(
+    binary: str,
+    root: Path,
+    *,
+    device: Device | None = None,
+    defaults: DaemonDefaults | None = None,
+    **options: object,
+) -> tuple[DaemonSupervisor, Recorder, FakeGpuBackend]:
+    gpu = FakeGpuBackend.with_gpus(1)
+    device = device or real_device() or Device(FAKE_UUID, 0, "H100", 80 * GIB)
     recorder = Recorder()
 
     def channel(_device: Device, env: Mapping[str, str]) -> ControlChannel:
@@ -98,7 +117,7 @@ def make_supervisor(
 
     supervisor = DaemonSupervisor(
         device,
-        SupervisorOptions(**values),  # type: ignore[arg-type]
+        supervisor_options(binary, root, **options),
         defaults or DaemonDefaults(thread_pct=40.0, memory_limit_bytes=20 * GIB),
         channel_factory=channel,
         emit=recorder,
@@ -119,3 +138,10 @@ def front_end(binary: str, supervisor: DaemonSupervisor, command: str) -> str:
         check=False,
     )
     return done.stdout + done.stderr
+
+
+async def wait_for(predicate: object, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"not true within {timeout_s} s"
+        await asyncio.sleep(0.05)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,19 +13,13 @@ import pytest
 
 from agent.core.types import MpsDaemonState
 from tests.helpers import short_dir
-from tests.integration.mps.harness import FAKE_BINARY, REAL_BINARY, front_end, make_supervisor
-
-BINARIES = [
-    pytest.param(FAKE_BINARY, id="fake"),
-    pytest.param(
-        REAL_BINARY or "",
-        id="real",
-        marks=[
-            pytest.mark.mps_binary,
-            pytest.mark.skipif(REAL_BINARY is None, reason="nvidia-cuda-mps-control not installed"),
-        ],
-    ),
-]
+from tests.integration.mps.harness import (
+    BINARIES,
+    REAL_BINARY,
+    front_end,
+    make_supervisor,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -37,13 +30,6 @@ def root() -> Iterator[Path]:
 
 def mode(path: str | Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-async def wait_for(predicate: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"not true within {timeout_s} s"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize("binary", BINARIES)

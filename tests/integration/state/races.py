@@ -1,12 +1,13 @@
 """A real SQLite store whose writes a test can hold (the sync takes as long as the test
-wants) or fail, and a node over it."""
+wants) or fail, and a node over it (on a fake clock: :func:`clocked_node`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from agent.admission.policy import Rules
@@ -16,6 +17,7 @@ from agent.core.units import GIB
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.state.sqlite import SqliteStateStore
+from tests.helpers import FakeClock
 
 DEVICE = Device("GPU-0", 0, "H100", 80 * GIB)
 RULES = Rules(reserve_bytes=0, context_overhead_bytes=0)
@@ -71,6 +73,22 @@ async def open_node(
     )
     await node.load()
     return node, store, events
+
+
+Setup = tuple[NodeService, ControlledStore, EventLog, FakeClock]
+
+
+@contextlib.asynccontextmanager
+async def clocked_node(path: Path) -> AsyncIterator[Setup]:
+    """:func:`open_node` on a fake clock, and the clock; after, the store's writes let go
+    and the store closed."""
+    clock = FakeClock()
+    node, store, events = await open_node(path, clock=clock)
+    try:
+        yield node, store, events, clock
+    finally:
+        store.release()
+        await store.aclose()
 
 
 def request(

@@ -24,19 +24,15 @@ from agent.state.migrations import MIGRATIONS, schema_version
 from agent.state.port import AllocationKind, AllocationRecord, Retention, WriteBatch
 from agent.state.sqlite import SqliteStateStore
 from tests.helpers import FakeClock
-from tests.integration.state.races import ControlledStore, open_node
+from tests.integration.state.races import ControlledStore, Setup, clocked_node
 
-Setup = tuple[NodeService, ControlledStore, EventLog, FakeClock]
 ALLOCATED, DEFERRED = AllocationKind.ALLOCATED, AllocationKind.DEFERRED
 
 
 @pytest.fixture
 async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    clock = FakeClock()
-    node, store, events = await open_node(tmp_path, clock=clock)
-    yield node, store, events, clock
-    store.release()
-    await store.aclose()
+    async with clocked_node(tmp_path) as found:
+        yield found
 
 
 async def no_pod(_units: Sequence[str]) -> str | None:

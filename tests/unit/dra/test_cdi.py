@@ -8,6 +8,8 @@ from pathlib import Path
 from agent.dra.cdi import (
     CdiDevice,
     CdiDeviceNode,
+    CdiEdits,
+    CdiHook,
     CdiMount,
     cdi_id,
     claim_spec,
@@ -37,7 +39,7 @@ def test_a_spec_per_claim_with_each_shares_edits() -> None:
     first, second = spec["devices"]
     assert first["name"] == f"{UID}-s1"
     assert first["containerEdits"]["env"] == ["A=1", "B=2"]
-    assert first["containerEdits"]["mounts"][1]["options"] == ["rbind", "ro"]
+    assert first["containerEdits"]["mounts"][1]["options"] == ["rbind", "ro", "nosuid", "nodev"]
     assert first["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidia0", "permissions": "rw"},
         {"path": "/dev/x", "hostPath": "/dev/y", "permissions": "rw"},
@@ -58,3 +60,75 @@ def test_written_whole_found_and_removed(tmp_path: Path) -> None:
     assert remove_spec(tmp_path, UID) is True
     assert remove_spec(tmp_path, UID) is False  # twice: still fine
     assert spec_claims(tmp_path / "missing") == set()
+
+
+def test_every_mount_is_nosuid_nodev_and_dev_shm_noexec() -> None:
+    """A directory two claims' containers both get must not carry a setuid binary or a
+    device node from one into the other; /dev/shm runs nothing."""
+    spec = claim_spec(
+        UID,
+        [
+            CdiDevice(
+                "s1",
+                {"A": "1"},
+                [
+                    CdiMount("/run/mps/pipe", "/tmp/nvidia-mps"),
+                    CdiMount("/run/shm/t1", "/dev/shm"),
+                    CdiMount("/run/shm/t1", "/dev/shm/", read_only=True),
+                    # options as given, the weakening ones dropped
+                    CdiMount("/h/lib.so", "/lib/lib.so", True, ("ro", "suid", "dev", "rbind")),
+                    CdiMount("/h/x", "/dev/shm", options=("rbind", "rw", "exec")),
+                ],
+            )
+        ],
+    )
+    mounts = spec["devices"][0]["containerEdits"]["mounts"]
+    assert [m["options"] for m in mounts] == [
+        ["rbind", "rw", "nosuid", "nodev"],
+        ["rbind", "rw", "nosuid", "nodev", "noexec"],
+        ["rbind", "ro", "nosuid", "nodev", "noexec"],
+        ["ro", "rbind", "nosuid", "nodev"],
+        ["rbind", "rw", "nosuid", "nodev", "noexec"],
+    ]
+
+
+def test_edits_every_device_shares_are_written_once_at_the_spec_level() -> None:
+    hook = CdiHook(
+        "createContainer",
+        "/usr/bin/nvidia-cdi-hook",
+        ("nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"),
+        ("NVIDIA_CTK_DEBUG=false",),
+    )
+    library = CdiMount(
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.570.1",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.570.1",
+        True,
+        ("ro", "nosuid", "nodev", "rbind", "rprivate"),
+    )
+    common = CdiEdits(
+        ("NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu",), (library,), (), (hook,)
+    )
+    spec = claim_spec(
+        UID,
+        [CdiDevice("s1", {"A": "1"}, common=common), CdiDevice("s2", {"A": "2"}, common=common)],
+    )
+    assert spec["containerEdits"] == {
+        "env": ["NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu"],
+        "mounts": [
+            {
+                "hostPath": library.host_path,
+                "containerPath": library.container_path,
+                "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+            }
+        ],
+        "hooks": [
+            {
+                "hookName": "createContainer",
+                "path": "/usr/bin/nvidia-cdi-hook",
+                "args": list(hook.args),
+                "env": ["NVIDIA_CTK_DEBUG=false"],
+            }
+        ],
+    }
+    assert [d["containerEdits"] for d in spec["devices"]] == [{"env": ["A=1"]}, {"env": ["A=2"]}]
+    assert "containerEdits" not in claim_spec(UID, [CdiDevice("s1", {"A": "1"})])

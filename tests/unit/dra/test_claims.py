@@ -14,6 +14,7 @@ from agent.dra.claims import (
     condition,
     pending_conditions,
     reserved_pods,
+    results_here,
     share_config,
     shares,
     with_device_status,
@@ -42,8 +43,13 @@ SHARE_CASES = [
     ),
     (
         "fractional bytes round up",
-        claim([result(shareID="s1", consumedCapacity={"memory": "1.5Ki"})]),
-        [Share("gpu", "gpu-0", "s1", 1536, None)],
+        claim([result(shareID="s1", consumedCapacity={"memory": "1.0000001Gi"})]),
+        [Share("gpu", "gpu-0", "s1", 2**30 + 108, None)],
+    ),
+    (
+        "adminAccess results are not shares",
+        claim([result(adminAccess=True), result("gpu-1")]),
+        [Share("gpu", "gpu-1", "", None, None)],
     ),
     (
         "other drivers and other pools are skipped",
@@ -71,6 +77,37 @@ def test_shares(why: str, obj: dict[str, Any], expected: list[Share]) -> None:
 def test_an_unreadable_consumed_capacity_is_a_claim_error() -> None:
     with pytest.raises(ClaimError, match="gpu-0"):
         shares(claim([result(consumedCapacity={"memory": "lots"})]), DRIVER, NODE)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"consumedCapacity": {"threads": "150"}}, "threads '150' is outside"),
+        ({"consumedCapacity": {"threads": "-50"}}, "threads '-50' is outside"),
+        ({"consumedCapacity": {"threads": "0"}}, "threads '0' is outside"),
+        ({"consumedCapacity": {"memory": "512Ki"}}, "memory '512Ki' is outside"),
+        ({"consumedCapacity": {"memory": "0"}}, "memory '0' is outside"),
+        ({"consumedCapacity": {"memory": "2Pi"}}, "memory '2Pi' is outside"),
+        ({"consumedCapacity": "20Gi"}, "not an object"),
+        ({"device": "gpu\n0"}, "device"),
+        ({"shareID": "s" * 200}, "shareID"),
+        ({"request": "gpu\x1b[31m"}, "request"),
+    ],
+)
+def test_what_mps_cannot_hold_or_admit_would_refuse_is_a_claim_error(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ClaimError, match=message) as refused:
+        shares(claim([result(**fields)]), DRIVER, NODE)
+    assert "\n" not in str(refused.value) and "\x1b" not in str(refused.value)
+
+
+def test_results_here_holds_shares_and_admin_access_and_nothing_of_others() -> None:
+    obj = claim(
+        [result(adminAccess=True), result("gpu-1", shareID="s"), result(driver="gpu.other.io")]
+    )
+    found = results_here(obj, DRIVER, NODE)
+    assert [(s.device, s.admin) for s in found] == [("gpu-0", True), ("gpu-1", False)]
 
 
 def test_share_keys_tell_shares_apart() -> None:
@@ -111,6 +148,9 @@ def test_share_config(why: str, obj: dict[str, Any], expected: ShareConfig) -> N
         ({**SC, "priority": "urgent"}, "priority must be one of"),
         ({**SC, "retentionFloor": 1.5}, "retentionFloor"),
         ({**SC, "trustDomain": "other"}, "unknown fields"),
+        ({**SC, "profile": "llm\x00serve"}, "profile"),
+        ({**SC, "profile": "p" * 5000}, "profile"),
+        ({**SC, "retentionFloor": True}, "retentionFloor"),
     ],
 )
 def test_bad_share_configs_are_refused(parameters: dict[str, Any], message: str) -> None:

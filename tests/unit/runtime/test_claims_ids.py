@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.dra.claims import ClaimError, Share
-from agent.runtime.claims import claim_uid_of, one_share_per_node, share_of, share_request_id
+from agent.runtime.claims import claim_uid_of, one_share_per_request, share_of, share_request_id
 
 SHARE = Share("gpu", "gpu-0", "5e0e2d4c-1111-4222-8333-444455556666", None, None)
 
@@ -19,7 +19,8 @@ def test_request_ids_name_the_claim_and_the_share() -> None:
     assert claim_uid_of("pod-uid/1") is None
 
 
-def test_a_claim_gets_one_share_per_node() -> None:
-    one_share_per_node([SHARE])
-    with pytest.raises(ClaimError, match="ONE_SHARE_PER_NODE"):
-        one_share_per_node([SHARE, Share("gpu", "gpu-1", "s2", None, None)])
+def test_a_request_gets_one_share_per_node_and_a_claim_one_per_request() -> None:
+    one_share_per_request([SHARE])
+    one_share_per_request([SHARE, Share("sidecar", "gpu-0", "s2", None, None)])
+    with pytest.raises(ClaimError, match="ONE_SHARE_PER_REQUEST: request 'gpu' holds 2"):
+        one_share_per_request([SHARE, Share("gpu", "gpu-1", "s2", None, None)])

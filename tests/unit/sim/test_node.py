@@ -69,7 +69,38 @@ BAD_NODES = [
     ),
     ("[not, a, mapping]", "mapping"),
     ("version: 1\ndevices: [1\n", "YAML"),
+    ("version: 1\ndevices: [{model: x, memory: 1GiB, count: 2, minor: [3]}]", "devices[0].minor"),
+    ("version: 1\ndevices: [{model: x, memory: 1GiB, minor: 255}]", "devices[0].minor"),
+    ("version: 1\ndevices: [{model: x, memory: 1GiB, minor: two}]", "devices[0].minor"),
+    ("version: 1\ndevices: [{model: x, memory: 1GiB, count: 2, minor: [1, 1]}]", "twice"),
+    (
+        "version: 1\ndevices: [{model: x, memory: 1GiB, minor: 1}, {model: x, memory: 1GiB}]",
+        "devices[1].minor: 1 is devices[0]'s",
+    ),
 ]
+
+
+def test_minor_numbers_default_to_the_index_and_may_differ_from_it() -> None:
+    assert [d.minor for d in SimNodeSpec.default().devices] == [0, 1, 2, 3]
+    spec = parse_sim_node(
+        """
+version: 1
+devices:
+  - {model: H100, memory: 80GiB, count: 2, minor: [2, 0]}
+  - {model: H100, memory: 80GiB, minor: 1}
+  - model: A100
+    memory: 80GiB
+    minor: 3
+    mig:
+      - {profile: 3g.40gb, memory: 40GiB}
+      - {profile: 3g.40gb, memory: 40GiB}
+"""
+    )
+    assert [(d.index, d.minor) for d in spec.devices] == [(0, 2), (1, 0), (2, 1), (3, 3), (3, 3)]
+    migs = [d for d in spec.devices if d.is_mig]
+    assert [(d.gpu_instance_id, d.compute_instance_id) for d in migs] == [(1, 0), (2, 0)]
+    run = parse_sim_node("version: 1\ndevices: [{model: x, memory: 1GiB, count: 3, minor: 4}]")
+    assert [d.minor for d in run.devices] == [4, 5, 6]
 
 
 @pytest.mark.parametrize(("text", "named"), BAD_NODES)
