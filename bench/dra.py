@@ -55,8 +55,17 @@ Harness shortcuts: pods are written straight into the API server's store; the co
 are fake; the API server, the scheduler stand-in, the kubelets and this harness share one
 process and event loop, beside the agents, on the same cores.
 
+With ``--scale`` (bench/drascale.py): the same pods per node at 4, 16 and 48 nodes, each
+cluster with 20,000 ResourceClaims of other nodes standing in the API server, to see what
+grows with the cluster: each agent's CPU per pod on its own node (its idle rate
+subtracted), the bytes of other nodes' claims each agent read (counted by the API
+stand-in per agent token, every connection), an agent's memory with those claims against
+without, NodePrepareResources p99, Prepare+Unprepare on a quiet node over a no-op RPC, and
+the correctness figures of every run.
+
     python bench/dra.py            # 16 nodes, 2,000 pods (several minutes)
     python bench/dra.py --small    # 4 nodes, 200 pods (the test's size)
+    python bench/dra.py --scale    # 4, 16 and 48 nodes, 40 pods a node (within 15 minutes)
 
 Progress goes to stderr; prints a table, then one JSON object on its last line.
 """
@@ -850,6 +859,10 @@ def _gist(message: str) -> str:
     return " ".join(words)[:80]
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def _pair(text: str) -> tuple[float, float]:
     low, high = (float(x) for x in text.split(","))
     return low, high
@@ -880,14 +893,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--quiet-cycles", type=int, default=2, help="Unprepare+Prepare per claim (2)")
     add("--noop-calls", type=int, default=1000, help="Pings per agent (1000)")
     add("--noop-callers", type=int, default=4, help="callers per agent (4)")
-    add("--idle-s", type=float, default=3.0, help="idle window for the agents' own CPU")
+    add(
+        "--idle-s",
+        type=float,
+        default=None,
+        help="idle window for the agents' own CPU (3 s; --scale: 10 s)",
+    )
     add("--progress-s", type=float, default=5.0)
     add("--keep-logs", default="", help="copy the agents' logs into this directory")
     add("--json-only", action="store_true", help="print the JSON line only")
+    add("--scale", action="store_true", help="the scale run (bench/drascale.py)")
+    add("--scale-nodes", type=_ints, default=(4, 16, 48), help="--scale: node counts (4,16,48)")
+    add("--pods-per-node", type=int, default=40, help="--scale: pods per node (40)")
+    add("--window-per-node", type=int, default=4, help="--scale: unbound pods per node (4)")
+    add("--foreign-claims", type=int, default=20000, help="--scale: other nodes' claims")
+    add("--settle-s", type=float, default=5.0, help="--scale: before each memory reading")
     args = parser.parse_args(argv)
     size = SMALL if args.small else FULL
     args.nodes = args.nodes or size["nodes"]
     args.pods = args.pods or size["pods"]
+    if args.idle_s is None:  # --scale subtracts its idle rates per agent: a longer window
+        args.idle_s = 10.0 if args.scale else 3.0
     return args
 
 
@@ -895,7 +921,12 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     with short_dir() as root:
-        result = asyncio.run(run(args, root))
+        if args.scale:
+            from bench.drascale import scale_run
+
+            result = asyncio.run(scale_run(args, root))
+        else:
+            result = asyncio.run(run(args, root))
     if not args.json_only:
         print(f"{'figure':<44} value", flush=True)
         for key, value in result.items():

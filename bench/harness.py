@@ -224,6 +224,9 @@ def hostile_requests(count: int, seed: int) -> list[tuple[str, bytes]]:
                 lease_id=rng.choice(words), units_done=rng.choice(numbers)
             ),
             "RetrainEstimator": pb.RetrainEstimatorRequest,
+            "AnswerClaim": lambda: pb.AnswerClaimRequest(
+                claim_json=rng.choice(words).encode(errors="replace")
+            ),
             "GetNode": pb.GetNodeRequest,
             "Ping": pb.PingRequest,
         }[method]()

@@ -19,7 +19,7 @@ import grpc.aio
 
 from agent.api import convert, redact, validate, watch
 from agent.api.identity import Caller, Identify, local
-from agent.api.ports import EventFeed, NodeApi
+from agent.api.ports import ClaimAnswers, EventFeed, NoClaimAnswers, NodeApi
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.core.errors import (
@@ -34,12 +34,14 @@ from agent.core.errors import (
     ValidationError,
 )
 from agent.core.lease import Lease
+from agent.core.logsafe import escaped
 from agent.core.types import AdmissionRequest, AdmitResult
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_ANSWER_MESSAGE = 1024  # characters: a binding condition's message holds no more
 STATUS = {
     AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     LeaseTransitionError: grpc.StatusCode.INTERNAL,  # a bug: never retry it
@@ -81,9 +83,11 @@ class AgentService(pb_grpc.AgentServicer):
         admin: bool,
         max_batch: int,
         identify: Identify = local,
+        claims: ClaimAnswers | None = None,
     ) -> None:
         self._node = node
         self._events = events
+        self._claims = claims or NoClaimAnswers()
         self._admin = admin
         self._identify = identify
         self._max_batch = max_batch
@@ -296,6 +300,39 @@ class AgentService(pb_grpc.AgentServicer):
                 figures=done.figures,
                 node_records=done.node_records,
                 model_dir=done.model_dir,
+            )
+
+        return await answer(context, run)
+
+    async def AnswerClaim(
+        self, request: pb.AnswerClaimRequest, context: Context
+    ) -> pb.AnswerClaimResponse:
+        """The binding answers of the claim's shares on this node: any authenticated
+        caller (the binding controller's credentials on TCP) and the local socket."""
+        caller = self._identify(context)
+
+        async def run() -> pb.AnswerClaimResponse:
+            claim = validate.claim_json(request.claim_json)
+            meta = claim["metadata"]
+            named = f"{escaped(meta['namespace'])}/{escaped(meta['name'])}"
+            log.info(
+                "AnswerClaim from %s: claim %s (uid %s)",
+                escaped(caller.name),
+                named,
+                escaped(meta["uid"]),
+            )
+            answers = await self._claims.answer_claim(claim)
+            return pb.AnswerClaimResponse(
+                answers=[
+                    pb.ShareAnswer(
+                        device=a.device,
+                        share_id=a.share_id,
+                        admitted=a.admitted,
+                        reason=a.reason,
+                        message=a.message[:MAX_ANSWER_MESSAGE],
+                    )
+                    for a in answers
+                ]
             )
 
         return await answer(context, run)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from agent.core.errors import ConflictError
 from agent.core.lease import Lease
 from agent.core.types import (
     AdmissionRequest,
@@ -80,3 +82,31 @@ class EventFeed(Protocol):
     async def stored_since(self, seq: int, *, limit: int) -> list[Event]: ...
 
     async def first_stored_seq(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShareAnswer:
+    """The agent's binding answer on one share of a claim allocated to this node."""
+
+    device: str  # the published device name
+    share_id: str  # "" for a result without one
+    admitted: bool  # gpushare.io/admitted; False: gpushare.io/refused
+    reason: str  # "Admitted", "AdminAccess", or the refusal's reason code (else "Refused")
+    message: str  # a sentence: the lease and its limits, or why it was refused
+
+
+class ClaimAnswers(Protocol):
+    """The DRA driver's binding decision, asked by the cluster's binding controller."""
+
+    async def answer_claim(self, claim: Mapping[str, Any]) -> list[ShareAnswer]:
+        """The answers on the claim's shares here that wait for their binding condition
+        ([] when none does). A claim that cannot be read: ValidationError; the DRA driver
+        off: ConflictError; not started yet: GpushareError."""
+        ...
+
+
+class NoClaimAnswers:
+    """Where no DRA driver serves (a test's service, a node without DRA)."""
+
+    async def answer_claim(self, claim: Mapping[str, Any]) -> list[ShareAnswer]:
+        raise ConflictError("the DRA driver is off on this node (dra.enabled)")

@@ -9,10 +9,12 @@ raises :class:`ValidationError` (INVALID_ARGUMENT), never anything else.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import unicodedata
 from collections.abc import Mapping
+from typing import Any
 
 from agent.admission.sizing import Mode, SizingSpec, size
 from agent.api.proto import agent_pb2 as pb
@@ -266,3 +268,44 @@ def ttl(value: float, field: str = "ttl_s") -> float | None:
     if value == 0:
         return None
     return fraction(value, field, 0.0, 3600.0, low_open=True)
+
+
+MAX_CLAIM_BYTES = 4 * 1024 * 1024  # a ResourceClaim's JSON (etcd keeps objects far smaller)
+_NAMESPACE_RE = re.compile(rf"^{_DNS_LABEL}$")
+_NAME_RE = re.compile(rf"^{_SUBDOMAIN_PART}(\.{_SUBDOMAIN_PART})*$")
+
+
+def claim_json(data: bytes, field: str = "claim_json") -> dict[str, Any]:
+    """A ResourceClaim sent as JSON: an object of at most 4 MiB whose metadata names it
+    (``uid``, ``namespace``, ``name``); what it allocates is read by the DRA driver."""
+    if not data:
+        raise ValidationError(field, "is required (the ResourceClaim as JSON)")
+    if len(data) > MAX_CLAIM_BYTES:
+        raise ValidationError(field, f"is {len(data)} bytes, more than {MAX_CLAIM_BYTES}")
+    try:
+        claim = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValidationError(field, "is not UTF-8 JSON") from None
+    except ValueError as exc:
+        raise ValidationError(field, f"is not JSON ({exc})") from None
+    except RecursionError:
+        raise ValidationError(field, "nests too deep to be a ResourceClaim") from None
+    if not isinstance(claim, dict):
+        raise ValidationError(field, f"is not a JSON object (a {type(claim).__name__})")
+    meta = claim.get("metadata")
+    if not isinstance(meta, dict):
+        raise ValidationError(f"{field}.metadata", "is not an object")
+    identifier(_string(meta.get("uid"), f"{field}.metadata.uid"), f"{field}.metadata.uid")
+    for key, pattern, limit in (("namespace", _NAMESPACE_RE, 63), ("name", _NAME_RE, 253)):
+        value = _string(meta.get(key), f"{field}.metadata.{key}")
+        if len(value) > limit or not pattern.match(value):
+            raise ValidationError(
+                f"{field}.metadata.{key}", f"is not a Kubernetes {key} (got {shown(value)})"
+            )
+    return claim
+
+
+def _string(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValidationError(field, "is required (a string)")
+    return value

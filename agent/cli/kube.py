@@ -262,7 +262,7 @@ def _check_pairs(options: dict[str, Any]) -> None:
 
 
 def _leader(options: dict[str, Any]) -> Any:
-    from agent.kube.leader import LeaderOptions
+    from agent.kubeapi.leader import LeaderOptions
 
     if not options["leader_elect"]:
         return None

@@ -317,6 +317,7 @@ def main() -> None:
 def _register_subgroups() -> None:
     from agent.cli import leases
     from agent.cli.doctor import doctor
+    from agent.cli.dra import dra
     from agent.cli.estimator import estimator
     from agent.cli.events import events
     from agent.cli.kube import kube
@@ -332,6 +333,7 @@ def _register_subgroups() -> None:
         telemetry,
         estimator,
         kube,
+        dra,
         readiness,
         leases.leases,
         leases.explain,

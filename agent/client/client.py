@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -199,6 +200,14 @@ class AgentClient:
         Unix socket). Training takes a while: the call waits up to ``timeout_s``."""
         request = pb.RetrainEstimatorRequest()
         return await self._call(self.stub.RetrainEstimator, request, timeout_s=timeout_s)
+
+    async def answer_claim(self, claim: Mapping[str, Any]) -> pb.AnswerClaimResponse:
+        """The agent's binding answers on ``claim`` (a ResourceClaim as the API server has
+        it, sent as JSON): one per share of it on the agent's node that waits for its
+        binding condition. Safe to repeat (the same claim gets the same answer and the
+        same leases), so it is retried on UNAVAILABLE like every call here."""
+        request = pb.AnswerClaimRequest(claim_json=json.dumps(claim).encode())
+        return await self._call(self.stub.AnswerClaim, request)
 
     async def get_node(self, *, ledger_only: bool = False) -> pb.GetNodeResponse:
         """The node (``ledger_only``: only devices, leases and ledger; cheaper)."""

@@ -63,9 +63,11 @@ class DraSettings:
     api_timeout_s: float = setting(10.0, "How long one Kubernetes API request may take.", min=0.1)
     binding_conditions: bool = setting(
         True,
-        "Publish the binding condition gpushare.io/admitted on each device and set it (or "
-        "gpushare.io/refused) on the claims allocated here after running the agent's rules "
-        "(needs DRADeviceBindingConditions, beta in 1.36). Off: the rules run at Prepare only.",
+        "Publish the binding condition gpushare.io/admitted on each device, so that the "
+        "scheduler waits, before it binds a pod, for the agent's rules to admit its claim's "
+        "shares (asked by the cluster's elected controller, 'gpushare dra controller', "
+        "through the AnswerClaim RPC; needs DRADeviceBindingConditions, beta in 1.36). "
+        "Off: the rules run at Prepare only.",
     )
     clients_per_device: int = setting(
         16,

@@ -30,6 +30,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from agent.api.dra_metrics import LatencyHistogram
 from agent.core.logsafe import escaped
 from agent.dra.port import ClaimRef, DeviceHealth, Driver, Prepared, PreparedDevice, claim_fault
 from agent.dra.proto import (
@@ -110,6 +111,7 @@ class DraService:
         self._watchers: set[asyncio.Event] = set()
         self._closed = False
         self.prepares = 0  # calls, for the metrics and the tests
+        self.prepare_latency = LatencyHistogram()  # each call, request to answer
 
     @property
     def health_watchers(self) -> int:
@@ -124,14 +126,18 @@ class DraService:
         self.health_changed()
 
     async def prepare(self, pb: ModuleType, request: Any) -> Any:
-        """An answer per claim (none asked: the liveness probe of some drivers)."""
+        """An answer per claim (none asked: the liveness probe of some drivers), its time
+        observed in ``prepare_latency``."""
+        started_s = time.perf_counter()
         claims, refused = checked(claim_refs(request), "NodePrepareResources")
         self.prepares += 1
         answers = {
             **await self._prepare(claims),
             **{uid: Prepared(error=error) for uid, error in refused.items()},
         }
-        return prepare_response(pb, [*(c.uid for c in claims), *refused], answers)
+        response = prepare_response(pb, [*(c.uid for c in claims), *refused], answers)
+        self.prepare_latency.observe(time.perf_counter() - started_s)
+        return response
 
     async def unprepare(self, pb: ModuleType, request: Any) -> Any:
         claims, refused = checked(claim_refs(request), "NodeUnprepareResources")

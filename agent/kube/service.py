@@ -19,13 +19,14 @@ from agent.admission.policy import Rules
 from agent.client import AgentClient, TokenFile, tls_credentials
 from agent.config import filewatch
 from agent.core.errors import ConfigError
-from agent.kube.agents import AgentLink, Connect, targets_from_slices
+from agent.kube.agents import AgentLink, Connect
 from agent.kube.binder import Binder, BindOptions
 from agent.kube.cache import AgentCache
 from agent.kube.controller import LeaseController
 from agent.kube.extender import Extender, build_extender_app
-from agent.kube.leader import LeaderElector, LeaderOptions
 from agent.kube.nodestate import publish_node_states
+from agent.kubeapi.endpoints import targets_from_slices
+from agent.kubeapi.leader import LeaderElector, LeaderOptions
 from agent.kubeapi.port import KubeApi, KubeError
 
 log = logging.getLogger(__name__)

@@ -137,10 +137,16 @@ class ResourceApi(Protocol):
         """Delete; 409 if the slice of that name is another (``uid``)."""
         ...
 
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        """A pod (the claim reconcile reads the claims' names of a lease's pod)."""
+        ...
+
     async def get_resource_claim(self, namespace: str, name: str) -> Obj: ...
 
-    async def list_resource_claims(self, *, field_selector: str = "") -> Listing:
-        """Claims of every namespace."""
+    async def list_resource_claims(
+        self, *, field_selector: str = "", namespace: str = ""
+    ) -> Listing:
+        """Claims of ``namespace``; of every namespace when it is ""."""
         ...
 
     def watch_resource_claims(

@@ -142,11 +142,20 @@ class RestKubeApi(ApiConnection):
     async def get_resource_claim(self, namespace: str, name: str) -> Obj:
         return await self._call(self._resource().read_namespaced_resource_claim, name, namespace)
 
-    async def list_resource_claims(self, *, field_selector: str = "") -> Listing:
-        listed = await self._call(
-            self._resource().list_resource_claim_for_all_namespaces,
-            **selectors(field_selector, ""),
-        )
+    async def list_resource_claims(
+        self, *, field_selector: str = "", namespace: str = ""
+    ) -> Listing:
+        if namespace:
+            listed = await self._call(
+                self._resource().list_namespaced_resource_claim,
+                namespace,
+                **selectors(field_selector, ""),
+            )
+        else:
+            listed = await self._call(
+                self._resource().list_resource_claim_for_all_namespaces,
+                **selectors(field_selector, ""),
+            )
         return listing_of(listed)
 
     def watch_resource_claims(

@@ -19,9 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.dra_metrics import DraCollector
-from agent.api.grpc_server import AgentService
 from agent.api.http import HttpServer, build_http_app
-from agent.api.identity import Identify, local
 from agent.api.server import GrpcServer
 from agent.config import Settings, filewatch
 from agent.core.types import Device, NodeSnapshot
@@ -29,6 +27,7 @@ from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.runtime import checks, drastart, effective, kubelet, listeners, signals, snapshot
 from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
+from agent.runtime.drabinding import BindingDecisions
 from agent.runtime.events import EventLog
 from agent.runtime.facade import NodeFacade
 from agent.runtime.learned import adopt_learned
@@ -126,12 +125,10 @@ class App:
             lambda: self.learning,
         )
         api = settings.api
-
-        def service(identify: Identify = local, *, admin: bool = False) -> AgentService:
-            return AgentService(
-                facade, self.events, admin=admin, max_batch=api.max_batch, identify=identify
-            )
-
+        claims = BindingDecisions(
+            lambda: self.dra.driver if self.dra else None, enabled=settings.dra.enabled
+        )
+        service = listeners.agent_service(facade, self.events, api.max_batch, claims)
         servers = [
             GrpcServer(
                 service(admin=True),

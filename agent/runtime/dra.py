@@ -98,6 +98,7 @@ class ClaimDriver:
         self.prepared = self.prepare_errors = self.unprepared = self.unprepare_errors = 0
         self._health: list[DeviceHealth] = []
         self.refused_until: dict[str, float] = {}  # device name -> monotonic deadline
+        self.binding_admitted = self.binding_refused = 0  # shares answered (AnswerClaim)
         self.refresh()
 
     @property
@@ -153,6 +154,13 @@ class ClaimDriver:
         self.refused_until[device_name] = time.monotonic() + backoff_s
         self.refresh()
         asyncio.get_running_loop().call_later(backoff_s, self.refresh)
+
+    def remember_claim(self, uid: str, namespace: str, name: str) -> None:
+        """Keep the claim's name on the node (:mod:`agent.runtime.draindex`) before a
+        lease of it is admitted (the binding answer calls it first): durable when it
+        returns; an OSError or ValueError means admit nothing. Blocking (an fsynced
+        write, once per claim: the same name again is a lookup): call it off the loop."""
+        self.specs.index.remember(uid, namespace, name)
 
     # -- Prepare ----------------------------------------------------------------------
 
@@ -210,6 +218,8 @@ class ClaimDriver:
         admitted: list[tuple[Share, Lease]] = []
         fresh: list[str] = []
         try:
+            # its name, durable before its first lease: the reconcile reads it by name
+            await asyncio.to_thread(self.specs.index.remember, ref.uid, ref.namespace, ref.name)
             for ask in asks:
                 had = self.leases.live(ref.uid, ask.share)
                 lease = await self._admit(ask)
@@ -351,6 +361,7 @@ class ClaimDriver:
         async with self.leases.claim_lock(ref.uid):
             await self.leases.release_claim(ref.uid, "unprepared by the kubelet")
             await asyncio.to_thread(self.specs.remove, ref.uid)
+            await asyncio.to_thread(self.specs.index.forget, ref.uid)
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         try:

@@ -11,7 +11,9 @@ kept spec whose leases all ended is dropped with its CDI file.
 
 A record is written before the CDI file and removed after it: a crash between the two
 leaves a record, never a CDI file the agent has forgotten. Specs of the previous release
-(a CDI file, no record) get a record at start when their claim holds live leases."""
+(a CDI file, no record) get a record at start when their claim holds live leases.
+
+Beside the records, in ``claims/``, the claims' names (:mod:`agent.runtime.draindex`)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.dra.cdi import remove_spec, spec_claims, spec_path, write_spec
+from agent.runtime.draindex import ClaimIndex
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,8 @@ class SpecKeeper:
     def __init__(self, cdi_dir: str | os.PathLike[str], keep_dir: str | os.PathLike[str]) -> None:
         self.cdi_dir = Path(cdi_dir)
         self.keep_dir = Path(keep_dir)
+        # the claims' names, beside their records (see agent.runtime.draindex)
+        self.index = ClaimIndex(self.keep_dir / "claims")
 
     def write(self, kept: KeptSpec) -> Path:
         self.keep_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

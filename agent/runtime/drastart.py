@@ -1,7 +1,10 @@
 """The DRA driver, when ``dra.enabled``: wired here so the app only starts and stops it.
 Its parts: the kubelet plugin (sockets, registration, Prepare/Unprepare, health), the
-ResourceSlice publisher, the binding answers, the claim reconcile, and a refresh that
-follows the ledger's device states into the slice and the health stream."""
+ResourceSlice publisher, the claim reconcile, and a refresh that follows the ledger's
+device states into the slice and the health stream. The binding answers are no task of
+the agent's: the cluster's binding controller asks for them (``AnswerClaim``,
+:mod:`agent.runtime.drabinding`); ``dra.binding_conditions`` publishes the conditions on
+the slice."""
 
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ from agent.kubeapi.port import ResourceApi
 from agent.kubeapi.rest import RestKubeApi
 from agent.runtime import checks
 from agent.runtime.dra import ClaimDriver
-from agent.runtime.draanswers import BindingAnswers
 from agent.runtime.dracontainer import DriverPaths, SharedMemory
 from agent.runtime.drainventory import FloorOf, stated_floor
 from agent.runtime.drareconcile import Reconciler
@@ -93,7 +95,6 @@ class DraDriver:
         driver: ClaimDriver,
         server: DraPluginServer,
         publisher: SlicePublisher,
-        answers: BindingAnswers | None,
         reconciler: Reconciler,
         api: ResourceApi,
         events: EventLog,
@@ -101,32 +102,29 @@ class DraDriver:
         self.driver = driver
         self.server = server
         self.publisher = publisher
-        self.answers = answers
         self.reconciler = reconciler
         self._api = api
         self._events = events
 
     def stats(self) -> DraStats:
-        answers = self.answers
         return DraStats(
             registered=self.server.registration.registered,
             prepared=self.driver.prepared,
             prepare_errors=self.driver.prepare_errors,
             unprepared=self.driver.unprepared,
             unprepare_errors=self.driver.unprepare_errors,
-            admitted=answers.answered - answers.refused if answers else 0,
-            refused=answers.refused if answers else 0,
+            admitted=self.driver.binding_admitted,
+            refused=self.driver.binding_refused,
             slice_writes=self.publisher.writes,
             slice_generation=self.publisher.generation,
             reconcile_released=self.reconciler.released,
+            prepare_latency=self.server.service.prepare_latency,
         )
 
     def spawn(self, supervisor: Supervisor) -> None:
         supervisor.spawn("dra-slices", self.publisher.run())
         supervisor.spawn("dra-reconcile", self.reconciler.run())
         supervisor.spawn("dra-refresh", self._refresh_loop())
-        if self.answers is not None:
-            supervisor.spawn("dra-binding-answers", self.answers.run())
 
     async def _refresh_loop(self) -> None:
         """Follow the ledger into the slice and the health stream: at once after any event
@@ -189,7 +187,6 @@ async def start_dra_driver(
         service, driver_name=DRIVER_NAME, plugin_dir=d.plugin_dir, registry_dir=d.registry_dir
     )
     await server.start()
-    answers = BindingAnswers(driver, api) if d.binding_conditions else None
     reconciler = Reconciler(driver, api, interval_s=d.reconcile_interval_s, clock=clock)
     log.info(
         "DRA driver %s on node %s: %d device(s) published",
@@ -197,4 +194,4 @@ async def start_dra_driver(
         node_name,
         len(driver.inventory.devices),
     )
-    return DraDriver(driver, server, publisher, answers, reconciler, api, events)
+    return DraDriver(driver, server, publisher, reconciler, api, events)

@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 
 from agent.api.auth import ReloadableTls, TlsFiles, TokenHolder
 from agent.api.grpc_server import AgentService
-from agent.api.identity import Identify, TcpIdentify, observers_of
+from agent.api.identity import Identify, TcpIdentify, local, observers_of
+from agent.api.ports import ClaimAnswers, EventFeed, NodeApi
 from agent.api.server import GrpcServer
 from agent.config import filewatch
 from agent.config.filewatch import Stamp
@@ -16,6 +17,20 @@ from agent.config.settings import ApiSettings
 from agent.runtime.tasks import Supervisor
 
 log = logging.getLogger(__name__)
+
+
+def agent_service(
+    node: NodeApi, events: EventFeed, max_batch: int, claims: ClaimAnswers
+) -> Callable[..., AgentService]:
+    """The agent service of a listener, its callers identified by ``identify`` (``admin``:
+    the local socket's admin RPCs allowed)."""
+
+    def service(identify: Identify = local, *, admin: bool = False) -> AgentService:
+        return AgentService(
+            node, events, admin=admin, max_batch=max_batch, identify=identify, claims=claims
+        )
+
+    return service
 
 
 def tcp_server(api: ApiSettings, service: Callable[[Identify], AgentService]) -> GrpcServer:

@@ -56,6 +56,8 @@ RENDERS: list[tuple[dict[str, Any], dict[str, str]]] = [
         {
             "agent/configmap.yaml": "deploy/dra/agent-config.yaml",
             "dra/rbac.yaml": "deploy/dra/rbac.yaml",
+            "dra/controller.yaml": "deploy/dra/controller.yaml",
+            "dra/certificate.yaml": "deploy/dra/controller-certificate.yaml",
             "dra/deviceclass.yaml": "deploy/dra/deviceclass.yaml",
             "dra/slice-policy.yaml": "deploy/dra/slice-policy.yaml",
         },

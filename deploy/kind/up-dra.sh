@@ -97,6 +97,18 @@ openssl x509 -req -in "$WORK/agent.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key"
     -CAcreateserial -days 30 -extfile "$WORK/agent.ext" -out "$WORK/agent.crt" 2>/dev/null
 openssl verify -CAfile "$WORK/ca.crt" "$WORK/agent.crt" >/dev/null ||
     die "the agent certificate does not verify"
+# The binding-answer controller's client certificate towards the agents (mutual TLS).
+{
+    echo "basicConstraints = critical, CA:FALSE"
+    echo "keyUsage = critical, digitalSignature"
+    echo "extendedKeyUsage = clientAuth"
+} >"$WORK/controller.ext"
+openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+    -keyout "$WORK/controller.key" -out "$WORK/controller.csr" \
+    -subj "/CN=gpushare-dra-controller" 2>/dev/null
+openssl x509 -req -in "$WORK/controller.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" \
+    -CAcreateserial -days 30 -extfile "$WORK/controller.ext" -out "$WORK/controller.crt" \
+    2>/dev/null
 # 256 random bits, base64: over the agent's 128-bit floor.
 head -c 32 /dev/urandom | base64 | tr -d '\n' >"$WORK/token"
 
@@ -115,12 +127,17 @@ secret() { # NAME FILE...: a generic secret, created or replaced
 secret gpushare-agent-tls --from-file=tls.crt="$WORK/agent.crt" \
     --from-file=tls.key="$WORK/agent.key" --from-file=ca.crt="$WORK/ca.crt"
 secret gpushare-agent-token --from-file=token="$WORK/token"
+secret gpushare-dra-controller-agent-tls --from-file=tls.crt="$WORK/controller.crt" \
+    --from-file=tls.key="$WORK/controller.key" --from-file=ca.crt="$WORK/ca.crt"
 # Not applied: daemonset/configmap.yaml and deploy/dra/agent-config.yaml (the kind one,
 # agent-config-dra.yaml, instead), secret.yaml and certificate.yaml (the secrets above),
-# mps-host.yaml (a simulated node's agent runs its own fake daemons).
+# mps-host.yaml (a simulated node's agent runs its own fake daemons), and
+# deploy/dra/controller-certificate.yaml (the controller's secret above).
 k apply -f "$REPO/daemonset/rbac.yaml" -f "$REPO/daemonset/service.yaml" \
     -f "$REPO/daemonset/networkpolicy.yaml" -f "$HERE/agent-config-dra.yaml"
 k apply -f "$DRA/rbac.yaml" -f "$DRA/slice-policy.yaml" -f "$DRA/deviceclass.yaml"
+# The binding-answer controller (the scheduler waits for its answers before it binds).
+k apply -f "$DRA/controller.yaml"
 # The simulated node's patch first (it names list entries by position), then the DRA one.
 kubectl patch --local -f "$REPO/daemonset/daemonset.yaml" --type=json \
     --patch-file "$HERE/agent-daemonset-patch.yaml" -o yaml >"$WORK/daemonset-sim.yaml"
@@ -132,6 +149,8 @@ if $existed; then
     k -n "$NAMESPACE" rollout restart daemonset/gpushare-agent
 fi
 k -n "$NAMESPACE" rollout status daemonset/gpushare-agent --timeout=300s
+if $existed; then k -n "$NAMESPACE" rollout restart deployment/gpushare-dra-controller; fi
+k -n "$NAMESPACE" rollout status deployment/gpushare-dra-controller --timeout=300s
 
 say "waiting for each worker's ResourceSlice of driver $DRIVER"
 for node in "${WORKERS[@]}"; do

@@ -41,7 +41,12 @@ CERTIFICATES: dict[str, dict[str, Any]] = {
     },
     "existing-secrets": {
         "mode": "secrets",
-        "secrets": {"agent": "a-tls", "schedulerClient": "s-tls", "webhook": "w-tls"},
+        "secrets": {
+            "agent": "a-tls",
+            "schedulerClient": "s-tls",
+            "draControllerClient": "d-tls",
+            "webhook": "w-tls",
+        },
         "webhookCABundle": "TFMwdExTMUNSVWRKVGlCRFJWSlVTVVpKUTBGVVJTMHRMUzB0Q2c9PQ==",
     },
 }
@@ -123,7 +128,7 @@ def test_every_rendered_object_validates_for_the_versions_of_its_path(
             except kubernetes_validate.ValidationError as error:
                 pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} on {version}: {error}")
     assert {"DaemonSet", "ConfigMap", "Service", "ServiceAccount", "NetworkPolicy"} <= kinds
-    assert ("Deployment" in kinds) == (path != "dra")
+    assert "Deployment" in kinds  # the scheduler's, the DRA controller's
     assert (kinds >= DRA_KINDS) == (path != "extender")
     assert not (DRA_KINDS & kinds) or path != "extender"
 

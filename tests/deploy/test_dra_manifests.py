@@ -28,7 +28,8 @@ KIND = REPO / "deploy" / "kind"
 DAEMONSET = REPO / "daemonset"
 BIN = Path(sys.executable).parent
 PATCH = DRA / "daemonset-patch.yaml"
-OBJECT_FILES = sorted(p for p in DRA.glob("*.yaml") if p != PATCH)
+CONTROLLER_CERTIFICATE = DRA / "controller-certificate.yaml"  # cert-manager's kind
+OBJECT_FILES = sorted(p for p in DRA.glob("*.yaml") if p not in (PATCH, CONTROLLER_CERTIFICATE))
 # Every version whose schemas have resource.k8s.io/v1 (GA in 1.34) in kubernetes-validate.
 VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
 EXTENDED_RESOURCE = "gpushare.io/gpu"
@@ -75,12 +76,9 @@ def driver_calls() -> set[tuple[str, str, str, str | None]]:
     return {(g, r, v, None) for m in used for g, r, v in calls[m]}
 
 
-NEEDED = driver_calls() | {
-    (RESOURCE, "resourceclaims/driver", "associated-node:update", DRIVER_NAME),
-}
+NEEDED = driver_calls()
 # Calls the driver never makes: each must be refused.
 REFUSED = [
-    ("", "pods", "get", None),
     ("", "pods", "delete", None),
     ("", "pods", "list", None),
     ("", "secrets", "get", None),
@@ -95,6 +93,10 @@ REFUSED = [
     (RESOURCE, "resourceclaims", "patch", None),
     (RESOURCE, "resourceclaims", "delete", None),
     (RESOURCE, "resourceclaims/status", "get", None),
+    # no agent watches claims or writes their status: the controller answers for them
+    (RESOURCE, "resourceclaims", "watch", None),
+    (RESOURCE, "resourceclaims/status", "update", None),
+    (RESOURCE, "resourceclaims/driver", "associated-node:update", DRIVER_NAME),
     (RESOURCE, "resourceclaims/binding", "update", None),
     (RESOURCE, "resourceclaims/driver", "associated-node:update", "other.example.com"),
     (RESOURCE, "resourceclaims/driver", "arbitrary-node:update", DRIVER_NAME),
@@ -637,7 +639,10 @@ def test_up_dra_sh_deploys_the_driver_and_the_examples() -> None:
     assert 'docker build -f "$REPO/daemonset/Dockerfile" -t "$AGENT_IMAGE" "$REPO"' in up
     assert 'kind load docker-image "$AGENT_IMAGE"' in up
     applied = set(re.findall(r'-f "\$DRA/([\w.-]+\.yaml)"', up))
-    replaced = {"agent-config.yaml": "the kind one, agent-config-dra.yaml"}
+    replaced = {
+        "agent-config.yaml": "the kind one, agent-config-dra.yaml",
+        "controller-certificate.yaml": "the secret made with openssl",
+    }
     for path in DRA.glob("*.yaml"):
         if path != PATCH:
             assert path.name in applied or path.name in replaced, path.name
@@ -651,6 +656,7 @@ def test_up_dra_sh_deploys_the_driver_and_the_examples() -> None:
     assert f"DRIVER={DRIVER_NAME}\n" in up
     assert agent_config(KIND / "agent-config-dra.yaml")["dra"]["cdi_dir"] == "/var/run/cdi"
     assert "--insecure-agents" not in up and "insecure_loopback" not in up
+    assert "secret gpushare-dra-controller-agent-tls" in up  # the controller's certificate
 
 
 def test_the_readme_walks_through_the_manual_check() -> None:
@@ -659,3 +665,93 @@ def test_the_readme_walks_through_the_manual_check() -> None:
                    "gpushare leases", "/var/run/cdi/gpushare.io-claim_", "-- env",
                    "deploy/dra/daemonset-patch.yaml", "deploy/dra/agent-config.yaml"):  # fmt: skip
         assert needed in readme, needed
+
+
+# -- the binding-answer controller (deploy/dra/controller.yaml) ------------------------------
+
+CONTROLLER = DRA / "controller.yaml"
+CONTROLLER_LEASE = "gpushare-dra-controller"
+
+
+def controller_calls() -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every adapter method ``gpushare dra controller`` calls:
+    agent/dracontrol and the floor's leader election."""
+    sources = [p.read_text() for p in (REPO / "agent" / "dracontrol").glob("*.py")]
+    sources.append((REPO / "agent" / "kubeapi" / "leader.py").read_text())
+    calls = rest_calls()
+    used = {m for m in calls if any(re.search(rf"\.{m}\(", text) for text in sources)}
+    return {call for m in used for call in calls[m]}
+
+
+def test_the_controller_is_granted_exactly_what_it_calls() -> None:
+    cluster = grants(find(CONTROLLER, "ClusterRole", "gpushare-dra-controller")["rules"])
+    local = grants(find(CONTROLLER, "Role", "gpushare-dra-controller")["rules"])
+    authorization = (RESOURCE, "resourceclaims/driver", "arbitrary-node:update", DRIVER_NAME)
+    assert authorization in cluster  # the 1.36 status authorization, its driver only
+    granted = {(g, r, v) for g, r, v, _ in (cluster | local) - {authorization}}
+    needed = controller_calls()
+    assert granted == needed, (
+        f"granted, not used: {granted - needed}; not granted: {needed - granted}"
+    )
+    assert set(cluster) == {(g, r, v, None) for g, r, v in needed if g == RESOURCE} | {
+        authorization
+    }  # cluster-wide: the claims only
+    for _group, resource, verb, name in local:
+        if resource == "leases" and verb != "create":
+            assert name == CONTROLLER_LEASE  # its own Lease only
+        else:
+            assert name is None
+    assert all("*" not in str(item) for grant in cluster | local for item in grant)
+
+
+def test_the_controllers_roles_are_bound_to_its_own_account() -> None:
+    account = find(CONTROLLER, "ServiceAccount")
+    subject = {
+        "kind": "ServiceAccount",
+        "name": account["metadata"]["name"],
+        "namespace": account["metadata"]["namespace"],
+    }
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        binding = find(CONTROLLER, kind)
+        assert binding["subjects"] == [subject]
+        assert binding["roleRef"]["name"] == "gpushare-dra-controller"
+    pod = find(CONTROLLER, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_the_controller_runs_two_replicas_elected_on_a_lease_in_its_namespace() -> None:
+    deployment = find(CONTROLLER, "Deployment")
+    namespace = deployment["metadata"]["namespace"]
+    assert deployment["spec"]["replicas"] == 2
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:2] == ["dra", "controller"]
+    options = dict(a.split("=", 1) for a in args[2:])
+    assert options["--leader-elect-namespace"] == namespace
+    assert options["--leader-elect-lease"] == CONTROLLER_LEASE
+    assert options["--agents-namespace"] == namespace
+    # authenticated towards the agents as the extender path is: mutual TLS and the token
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    for flag in ("--agent-ca", "--agent-cert", "--agent-key", "--agent-token-file"):
+        directory = options[flag].rsplit("/", 1)[0]
+        assert "secret" in volumes[mounts[directory]], flag
+    token = volumes[mounts[options["--agent-token-file"].rsplit("/", 1)[0]]]
+    assert token["secret"]["secretName"] == "gpushare-agent-token"
+    tls = volumes[mounts[options["--agent-cert"].rsplit("/", 1)[0]]]
+    certificate = documents(CONTROLLER_CERTIFICATE)
+    assert [d["kind"] for d in certificate] == ["Certificate"]
+    assert certificate[0]["spec"]["secretName"] == tls["secret"]["secretName"]
+    assert certificate[0]["spec"]["usages"] == ["client auth"]
+
+
+def test_the_controllers_options_are_ones_its_command_takes() -> None:
+    from click.testing import CliRunner
+
+    from agent.cli.main import cli
+
+    deployment = find(CONTROLLER, "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    shown = CliRunner().invoke(cli, ["dra", "controller", "--help"]).output
+    for arg in container["args"][2:]:
+        assert arg.split("=", 1)[0] in shown, arg

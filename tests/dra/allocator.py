@@ -130,6 +130,21 @@ def gather_pools(slices: Iterable[Obj], node: str) -> list[Pool]:
     return sorted(pools, key=lambda p: (p.binding, p.name, p.driver))
 
 
+def pool_keys(slices: Iterable[Obj], node: str) -> set[tuple[str, str]]:
+    """(driver, pool) of the slices usable on ``node``: the pools whose allocated claims
+    :func:`allocate` needs to know of there (a claim's usage counts only on its devices)."""
+    return {
+        (spec["driver"], spec["pool"]["name"])
+        for slice_ in slices
+        if (spec := slice_.get("spec") or {}).get("nodeName") == node or spec.get("allNodes")
+    }
+
+
+def claim_pool_keys(claim: Obj) -> set[tuple[str, str]]:
+    """(driver, pool) of each device a claim is allocated."""
+    return {(r["driver"], r["pool"]) for r in _results(claim) if "driver" in r and "pool" in r}
+
+
 def _pool(driver: str, name: str, group: list[Obj]) -> Pool:
     newest = max(int(s["spec"]["pool"].get("generation", 0)) for s in group)
     current = sorted(

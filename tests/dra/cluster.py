@@ -9,9 +9,14 @@
   Unprepare and health over the real gRPC APIs, and the runtime's CDI injection into a
   fake container);
 * :class:`DraSchedulerStandIn` plays the unmodified kube-scheduler (and the resourceclaim
-  controller's claim creation); :class:`ClaimCleanup` plays the rest of that controller: a
-  pod that is gone leaves its claims' ``reservedFor``, its generated claims are deleted and
-  a claim reserved for nobody is deallocated;
+  controller's claim creation);
+* the binding answers come from the real :class:`BindingController` (``gpushare dra
+  controller``) as an in-process task, asking each node's agent over its socket with the
+  real gRPC client (:class:`AgentDecider`); :meth:`DraCluster.stop_controller` and
+  :meth:`DraCluster.start_controller` take it down and bring it back;
+* :class:`ClaimCleanup` plays the rest of the resourceclaim controller: a pod that is gone
+  leaves its claims' ``reservedFor``, its generated claims are deleted and a claim
+  reserved for nobody is deallocated;
 * :class:`PodRunner` is the kubelet's pod worker: a pod bound to a node is run through that
   node's kubelet (Prepare, CDI), reported Running, and stopped (Unprepare) once deleted; the
   claim made for a pod's extended resources (KEP-5004) is run as one more of its claims. A
@@ -33,6 +38,9 @@ import yaml
 
 from agent.api.proto import agent_pb2 as pb
 from agent.client import AgentClient
+from agent.dracontrol.agents import AgentDecider
+from agent.dracontrol.controller import BindingController
+from agent.dracontrol.port import Unreached
 from agent.kubeapi.port import KubeError, NotFound, Obj
 from agent.kubeapi.rest import RestKubeApi
 from tests.agentproc import AgentProcess
@@ -65,6 +73,7 @@ class DraNode(AgentProcess):
     kubelet: DraKubelet
     settings: dict[str, Any] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    http_listen: str = ""  # the agent's /metrics listener (host:port); "": none
 
     @property
     def socket(self) -> Path:
@@ -112,7 +121,7 @@ class DraNode(AgentProcess):
         }
         sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
         return agent_command(
-            "--socket", str(self.socket), "serve", "--sim", "--http-listen", "", *sets
+            "--socket", str(self.socket), "serve", "--sim", "--http-listen", self.http_listen, *sets
         )
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -313,11 +322,7 @@ class ClaimCleanup:
                 await self._unreserve(claim, uid)
 
     async def _claims(self, namespace: str) -> list[Obj]:
-        return [
-            c
-            for c in self.server.objects("resourceclaims")
-            if c["metadata"]["namespace"] == namespace
-        ]
+        return self.server.objects("resourceclaims", namespace)
 
     async def _unreserve(self, claim: Obj, pod_uid: str) -> None:
         status = dict(claim.get("status") or {})
@@ -333,6 +338,24 @@ class ClaimCleanup:
             )
 
 
+class NodeSockets:
+    """Node -> its agent's Unix socket: the stand-in's agents listen on no TCP port, so no
+    EndpointSlice names them (the real targets are tested in tests/dracontrol)."""
+
+    def __init__(self, nodes: Mapping[str, DraNode]) -> None:
+        self.nodes = nodes
+
+    async def target(self, node: str) -> str:
+        found = self.nodes.get(node)
+        if found is None or found.process is None:
+            raise Unreached(f"no agent on node {node}")
+        return f"unix://{found.socket}"
+
+
+def agent_link(target: str) -> AgentClient:
+    return AgentClient(target, attempts=1, timeout_s=10.0)
+
+
 @dataclass
 class DraCluster:
     api_server: FakeApiServer
@@ -341,12 +364,44 @@ class DraCluster:
     nodes: dict[str, DraNode] = field(default_factory=dict)
     scheduler: DraSchedulerStandIn | None = None
     runner: PodRunner | None = None
+    controller: BindingController | None = None
+    _controlling: asyncio.Task[None] | None = None
+    _decider: AgentDecider | None = None
+    _controller_kube: RestKubeApi | None = None
+
+    def start_controller(self, **options: Any) -> BindingController:
+        """The binding-answer controller running (again: a fresh one, as a restarted
+        process starts); ``options``: :class:`BindingController`'s own."""
+        assert self._controlling is None, "the controller runs already"
+        self._decider = AgentDecider(NodeSockets(self.nodes), agent_link)
+        options = {"backoff_s": 0.2, "backoff_max_s": 1.0, "measure_bytes": True, **options}
+        # a client of its own, on a token of its own: what the API sends it is counted apart
+        self._controller_kube = RestKubeApi.from_url(
+            self.api_server.url, token=self.api_server.client_token("controller")
+        )
+        self.controller = BindingController(self._controller_kube, self._decider, **options)
+        self._controlling = asyncio.create_task(self.controller.run(), name="dra-controller")
+        return self.controller
+
+    async def stop_controller(self) -> None:
+        """The controller gone (killed: nothing handed over); its counters stay readable."""
+        task, self._controlling = self._controlling, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        decider, self._decider = self._decider, None
+        if decider is not None:
+            await decider.aclose()
+        kube, self._controller_kube = self._controller_kube, None
+        if kube is not None:
+            await kube.aclose()
 
     def add_node(self, index: int, settings: Mapping[str, Any]) -> DraNode:
         name = f"gpu-node-{index}"
         root = self.root / f"n{index}"
         root.mkdir()
-        make_token(root / "api-token", API_TOKEN)
+        # a token of its own: what the API sends each agent is counted for its node
+        make_token(root / "api-token", self.api_server.client_token(name))
         kubelet = DraKubelet(
             root / "registry",
             node_name=name,
@@ -427,16 +482,22 @@ async def dra_cluster(
     settings: Mapping[str, Any] | None = None,
     binding_timeout_s: float = 10.0,
     start_timeout_s: float = 90.0,
+    controller: bool = True,
+    http_listen: Callable[[str], str] | None = None,
 ) -> AsyncIterator[DraCluster]:
     """``nodes`` agents as DRA drivers, their kubelets, the scheduler stand-in, the pod
-    worker and the claim cleanup, all running; the DeviceClass created."""
+    worker, the claim cleanup and (unless ``controller`` is False) the binding-answer
+    controller, all running; the DeviceClass created. ``http_listen``: node name -> the
+    address of its agent's HTTP listener (/metrics); by default none listens."""
     async with FakeApiServer(token=API_TOKEN) as api_server:
         kube = RestKubeApi.from_url(api_server.url, token=API_TOKEN)
         cluster = DraCluster(api_server, root, kube)
         api_server.put_object("deviceclasses", DEVICE_CLASS)
         tasks: list[asyncio.Task[None]] = []
         for index in range(nodes):
-            cluster.add_node(index, settings or {})
+            node = cluster.add_node(index, settings or {})
+            if http_listen is not None:
+                node.http_listen = http_listen(node.name)
         try:
             for node in cluster.nodes.values():
                 await node.kubelet.start()
@@ -456,8 +517,11 @@ async def dra_cluster(
                 ("claims", cleanup.run()),
             ):
                 tasks.append(asyncio.create_task(coro, name=name))
+            if controller:
+                cluster.start_controller()
             yield cluster
         finally:
+            await cluster.stop_controller()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

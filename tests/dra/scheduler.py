@@ -19,12 +19,16 @@ One attempt for one pod (:meth:`DraSchedulerStandIn.schedule`):
    <pod>-extended-resources-``, annotated ``resource.kubernetes.io/extended-resource-claim:
    "true"``, one ExactCount request ``container-<i>-request-<j>`` per container and
    resource, no capacity requests), recorded in ``status.extendedResourceClaimStatus``.
-2. Scheduling cycle: nodes, ResourceSlices, DeviceClasses and every claim are listed; the
-   claims this stand-in allocated and has not yet seen back (its assume cache, keyed by
-   claim uid and compared by resourceVersion, as kube-scheduler's) overlay the list. The
-   nodes, shuffled, are tried with :func:`tests.dra.allocator.allocate`; the first that fits
-   wins. Decisions are serialized (one lock), so concurrent pods never count the same
-   capacity twice; everything else runs concurrently.
+2. Scheduling cycle: nodes, ResourceSlices and DeviceClasses are listed; the claims come
+   from an informer (:class:`ClaimIndex`: every claim listed once, then watched, indexed by
+   owner pod and by the pools of their devices, as kube-scheduler's informers and the
+   claims' tracker do; every claim this stand-in writes goes in with the write's answer),
+   so an attempt reads only the claims of the pod and of each node's pools, never all of
+   them. The claims this stand-in allocated and has not yet seen back (its assume cache,
+   keyed by claim uid and compared by resourceVersion, as kube-scheduler's) overlay the
+   informer's. The nodes, shuffled, are tried with :func:`tests.dra.allocator.allocate`;
+   the first that fits wins. Decisions are serialized (one lock), so concurrent pods
+   never count the same capacity twice; everything else runs concurrently.
 3. PreBind: each claim's ``status.allocation`` and ``status.reservedFor`` are written with a
    PUT of ``/status`` under its resourceVersion (a 409: read again, apply again). With
    binding conditions the claim is read every ``poll_s`` until, for each such result, a
@@ -64,7 +68,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.dra.allocator import AllocationError, allocate
+from tests.dra.allocator import AllocationError, allocate, claim_pool_keys, pool_keys
 from tests.dra.quantity import Quantity
 from tests.kube.scheduler import failed_scheduling
 
@@ -97,6 +101,59 @@ class AttemptFailed(Exception):
 class Assumed:
     claim: Obj  # as this stand-in wrote it, or is writing it
     version: int | None = None  # the resourceVersion its write got (None: not landed yet)
+
+
+class ClaimIndex:
+    """Every ResourceClaim by uid (a newer resourceVersion wins), indexed by the uid of
+    each owner and by (driver, pool) of each device allocated."""
+
+    def __init__(self, claims: list[Obj] | None = None) -> None:
+        self.claims: dict[str, Obj] = {}
+        self._owned: dict[str, set[str]] = {}  # owner uid -> claim uids
+        self._pooled: dict[tuple[str, str], set[str]] = {}  # (driver, pool) -> claim uids
+        self.reset(claims or [])
+
+    def reset(self, claims: list[Obj]) -> None:
+        self.claims.clear()
+        self._owned.clear()
+        self._pooled.clear()
+        for claim in claims:
+            self.put(claim)
+
+    def put(self, claim: Obj) -> None:
+        uid = uid_of(claim)
+        stored = self.claims.get(uid)
+        if stored is not None:
+            if version_of(stored) > version_of(claim):
+                return
+            self._unindex(stored)
+        self.claims[uid] = claim
+        for ref in claim["metadata"].get("ownerReferences") or []:
+            self._owned.setdefault(str(ref.get("uid")), set()).add(uid)
+        for key in claim_pool_keys(claim):
+            self._pooled.setdefault(key, set()).add(uid)
+
+    def drop(self, claim: Obj) -> None:
+        stored = self.claims.pop(uid_of(claim), None)
+        if stored is not None:
+            self._unindex(stored)
+
+    def _unindex(self, claim: Obj) -> None:
+        uid = uid_of(claim)
+        for ref in claim["metadata"].get("ownerReferences") or []:
+            self._owned.get(str(ref.get("uid")), set()).discard(uid)
+        for key in claim_pool_keys(claim):
+            self._pooled.get(key, set()).discard(uid)
+
+    def owned_by(self, pod: Obj) -> list[Obj]:
+        uids = self._owned.get(pod["metadata"]["uid"], set())
+        namespace = pod["metadata"]["namespace"]
+        found = (self.claims[u] for u in sorted(uids) if u in self.claims)
+        return [c for c in found if c["metadata"]["namespace"] == namespace]
+
+    def in_pools(self, keys: set[tuple[str, str]]) -> set[str]:
+        """Uids of the claims allocated a device of one of these pools."""
+        return {uid for key in keys for uid in self._pooled.get(key, ())}
 
 
 @dataclass(frozen=True)
@@ -137,6 +194,9 @@ class DraSchedulerStandIn:
         self._waiting: dict[str, Obj] = {}  # pod uid -> pod, kept by follow()
         self._ignored: set[str] = set()  # uids of pods found to use no DRA
         self._synced = asyncio.Event()
+        self.index = ClaimIndex()  # kept by follow_claims() while run() runs
+        self._indexed = asyncio.Event()  # set once the claims were listed
+        self._informing = False
 
     async def __aenter__(self) -> DraSchedulerStandIn:
         self.session = aiohttp.ClientSession(headers=self.headers)
@@ -186,6 +246,57 @@ class DraSchedulerStandIn:
         namespaces = sorted({p["metadata"]["namespace"] for p in pods})
         listed = await asyncio.gather(*(self.items(claims_path(ns)) for ns in namespaces))
         return [c for found in listed for c in found]
+
+    # -- following claims ------------------------------------------------------------------
+
+    async def follow_claims(self) -> None:
+        """The claims' informer: every ResourceClaim listed, then watched from there (again
+        from where it ended when a watch ends; listed again on 410 Expired)."""
+        assert self.session is not None
+        forever = aiohttp.ClientTimeout(total=None, sock_read=None)
+        self._informing = True
+        url = f"{self.api_url}{RESOURCE_API}/resourceclaims"
+        while True:
+            try:
+                listing = await self.call("GET", f"{RESOURCE_API}/resourceclaims")
+                self.index.reset(list(listing.get("items") or []))
+                version = listing["metadata"]["resourceVersion"]
+                self._indexed.set()
+                while version:
+                    watch = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "60"}
+                    async with self.session.get(url, params=watch, timeout=forever) as response:
+                        response.raise_for_status()
+                        async for line in response.content:
+                            version = self._claim_event(json.loads(line), version)
+                            if not version:
+                                break
+            except (aiohttp.ClientError, ApiStatus, TimeoutError, ValueError):
+                await asyncio.sleep(self.poll_s)
+
+    def _claim_event(self, event: Obj, version: str) -> str:
+        """Apply one watch event; the version to go on from ("": list again)."""
+        if event["type"] == "ERROR":
+            return ""
+        claim = event["object"]
+        if event["type"] == "DELETED":
+            self.index.drop(claim)
+        elif event["type"] in ("ADDED", "MODIFIED"):
+            self.index.put(claim)
+        return str(claim["metadata"].get("resourceVersion") or version)
+
+    async def claim_index(self) -> ClaimIndex:
+        """The informer's index; without one running (:meth:`schedule` called alone), one
+        made now from a list of every claim."""
+        if not self._informing:
+            return ClaimIndex(await self.all_claims())
+        await self._indexed.wait()
+        return self.index
+
+    def _learn(self, claim: Obj) -> Obj:
+        """A claim as a write answered it: into the index (unless it knows a newer one)."""
+        if self._informing:
+            self.index.put(claim)
+        return claim
 
     # -- following pods --------------------------------------------------------------------
 
@@ -253,6 +364,7 @@ class DraSchedulerStandIn:
                 busy.discard(pod["metadata"]["uid"])
 
         async with _tasks() as spawn, _tasks() as informer:
+            informer(self.follow_claims())
             informer(self.follow())
             while True:
                 for pod in await self.pending():
@@ -304,8 +416,7 @@ class DraSchedulerStandIn:
     async def ensure_claims(self, pod: Obj) -> list[Obj]:
         """The pod's claims (made from templates and for extended resources when missing,
         and recorded in the pod's status)."""
-        namespace = pod["metadata"]["namespace"]
-        owned = [c for c in await self.items(claims_path(namespace)) if owned_by(c, pod)]
+        owned = (await self.claim_index()).owned_by(pod)
         status: Obj = {}
         claims, statuses = [], []
         for entry in pod["spec"].get("resourceClaims") or []:
@@ -339,7 +450,7 @@ class DraSchedulerStandIn:
         except ApiStatus as exc:
             raise AttemptFailed(f"resourceclaimtemplate {template_name!r}: {exc}") from None
         claim = claim_from_template(pod, entry["name"], template)
-        return await self.call("POST", claims_path(namespace), claim)
+        return self._learn(await self.call("POST", claims_path(namespace), claim))
 
     async def _extended_claim(
         self, pod: Obj, extended: list[ExtendedRequest], owned: list[Obj]
@@ -348,7 +459,8 @@ class DraSchedulerStandIn:
         claim = found[0] if found else None
         if claim is None:
             body = extended_claim(pod, extended)
-            claim = await self.call("POST", claims_path(pod["metadata"]["namespace"]), body)
+            path = claims_path(pod["metadata"]["namespace"])
+            claim = self._learn(await self.call("POST", path, body))
         mapping = [
             {
                 "containerName": e.container,
@@ -374,14 +486,14 @@ class DraSchedulerStandIn:
         assume cache), or :class:`AttemptFailed`."""
         excluded = self._excluded.pop(pod["metadata"]["uid"], set())
         async with self._decide:
-            nodes, slices, classes, listed = await asyncio.gather(
+            nodes, slices, classes, index = await asyncio.gather(
                 self.items("/api/v1/nodes"),
                 self.items(f"{RESOURCE_API}/resourceslices"),
                 self.items(f"{RESOURCE_API}/deviceclasses"),
-                self.all_claims(),
+                self.claim_index(),
             )
-            view = self._overlay(listed)
-            mine_now = [view.get(uid_of(c), c) for c in claims]
+            view = self._overlay(index)
+            mine_now = [view.current(c) for c in claims]
             names = [n["metadata"]["name"] for n in nodes]
             self.rng.shuffle(names)
             reasons: dict[str, str] = {}
@@ -403,7 +515,7 @@ class DraSchedulerStandIn:
         pod: Obj,
         node: str,
         claims: list[Obj],
-        view: dict[str, Obj],
+        view: ClaimView,
         slices: list[Obj],
         classes: list[Obj],
     ) -> list[Obj] | str:
@@ -413,7 +525,7 @@ class DraSchedulerStandIn:
             return "node(s) didn't match the allocated claims' node selector"
         todo = [c for c in claims if not allocation_of(c)]
         todo_uids = {uid_of(c) for c in todo}
-        others = [c for uid, c in view.items() if uid not in todo_uids]
+        others = view.in_pools(pool_keys(slices, node), leaving_out=todo_uids)
         try:
             allocations = allocate(todo, node, slices=slices, classes=classes, allocated=others)
         except AllocationError as exc:
@@ -421,19 +533,19 @@ class DraSchedulerStandIn:
         made = {uid_of(c): a for c, a in zip(todo, allocations, strict=True)}
         return [reserve(c, made.get(uid_of(c)) or allocation_of(c), pod) for c in claims]
 
-    def _overlay(self, listed: list[Obj]) -> dict[str, Obj]:
-        """The listed claims by uid, with the assumed ones in place of older copies (an
-        assumed claim is forgotten once the list shows its write, or it is gone)."""
-        view = {uid_of(c): c for c in listed}
+    def _overlay(self, index: ClaimIndex) -> ClaimView:
+        """The index's claims, with the assumed ones in place of older copies (an assumed
+        claim is forgotten once the index shows its write, or it is gone)."""
+        assumed_now: dict[str, Obj] = {}
         for uid, assumed in list(self._assumed.items()):
-            current = view.get(uid)
+            current = index.claims.get(uid)
             landed = assumed.version is not None
             if current is None or (landed and version_of(current) >= (assumed.version or 0)):
                 if landed:
-                    del self._assumed[uid]  # shown (or gone): the list is as new
+                    del self._assumed[uid]  # shown (or gone): the index is as new
                 continue
-            view[uid] = assumed.claim
-        return view
+            assumed_now[uid] = assumed.claim
+        return ClaimView(index, assumed_now)
 
     # -- PreBind ---------------------------------------------------------------------------
 
@@ -474,7 +586,7 @@ class DraSchedulerStandIn:
                 body = reserve(fresh, allocation_of(claim), pod)
                 continue
             self._assumed[uid] = Assumed(written, version_of(written))
-            return written
+            return self._learn(written)
         self._assumed.pop(uid, None)
         raise AttemptFailed(f"claim {name_of(claim)}: too many conflicts")
 
@@ -513,11 +625,31 @@ class DraSchedulerStandIn:
                     if k not in ("allocation", "reservedFor", "devices")
                 }
             try:
-                await self.call("PUT", f"{claim_path(fresh)}/status", {**fresh, "status": status})
+                body = {**fresh, "status": status}
+                self._learn(await self.call("PUT", f"{claim_path(fresh)}/status", body))
                 return
             except ApiStatus as exc:
                 if exc.code != 409:
                     raise
+
+
+@dataclass
+class ClaimView:
+    """An attempt's claims: the index's, the assumed ones in place of theirs."""
+
+    index: ClaimIndex
+    assumed: dict[str, Obj]  # claim uid -> as this stand-in allocated it
+
+    def current(self, claim: Obj) -> Obj:
+        uid = uid_of(claim)
+        return self.assumed.get(uid) or self.index.claims.get(uid) or claim
+
+    def in_pools(self, keys: set[tuple[str, str]], *, leaving_out: set[str]) -> list[Obj]:
+        """The claims allocated a device of these pools (as assumed, where assumed)."""
+        uids = self.index.in_pools(keys)
+        uids |= {uid for uid, c in self.assumed.items() if claim_pool_keys(c) & keys}
+        found = (self.assumed.get(uid) or self.index.claims.get(uid) for uid in sorted(uids))
+        return [c for c in found if c is not None and uid_of(c) not in leaving_out]
 
 
 # -- claims --------------------------------------------------------------------------------

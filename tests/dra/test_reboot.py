@@ -38,7 +38,7 @@ from tests.dra.test_end_to_end import running
 
 pytestmark = pytest.mark.timeout(120)
 SPECS_BACK_S = 30.0  # how long the specs may take to come back after the start
-CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"  # listed across namespaces
+RESOURCE_API = "/apis/resource.k8s.io/v1"
 
 
 def stored_pod(cluster: DraCluster, name: str) -> dict[str, Any]:
@@ -75,21 +75,25 @@ async def specs_back(node: DraNode, expected: dict[str, Any]) -> None:
         ) from None
 
 
-def claim_lists(cluster: DraCluster) -> int:
-    """ResourceClaim lists across namespaces the API stand-in served (the agent's claim
-    reconcile makes one each pass; the scheduler's stand-in only while it schedules)."""
+def claim_reads(cluster: DraCluster, node: DraNode) -> int:
+    """GETs the API stand-in served of one claim of the node (the first of its specs'),
+    by name: the agent's claim reconcile reads each claim of the node once a pass."""
+    uid = min(node.specs())
+    [claim] = [c for c in cluster.claims() if c["metadata"]["uid"] == uid]
+    path = f"{RESOURCE_API}/namespaces/default/resourceclaims/{claim['metadata']['name']}"
     return sum(
         1
-        for method, path, _ in cluster.api_server.log
-        if method == "GET" and path.split("?")[0] == CLAIMS_PATH and "watch=" not in path
+        for method, logged, _ in cluster.api_server.log
+        if method == "GET" and logged.split("?")[0] == path
     )
 
 
-async def a_reconcile_pass(cluster: DraCluster) -> None:
-    """Until the agent's claim reconcile has made a whole pass from now: two lists more
-    (passes follow one another, so the first of them began it, the second ended it)."""
-    start = claim_lists(cluster)
-    await eventually(lambda: claim_lists(cluster) >= start + 2, 30)
+async def a_reconcile_pass(cluster: DraCluster, node: DraNode) -> None:
+    """Until the agent's claim reconcile has made a whole pass from now: three reads more
+    of one claim (passes follow one another: the first read's pass began before now or
+    after, the second's began after it ended, the third's after the second's ended)."""
+    start = claim_reads(cluster, node)
+    await eventually(lambda: claim_reads(cluster, node) >= start + 3, 30)
 
 
 async def containers_again(
@@ -128,7 +132,7 @@ async def test_the_specs_of_the_claims_still_prepared_are_back_after_a_reboot(
         await reboot(node, stop)
 
         await specs_back(node, before)  # parsed, equal: the same edits, the same lease ids
-        await a_reconcile_pass(cluster)
+        await a_reconcile_pass(cluster, node)
         assert node.specs() == before  # and they stay; the unprepared claim's is not back
         assert await node.lease_ids() == leases
         for name in kept:  # the containers come back as they were, with no Prepare
@@ -203,7 +207,7 @@ async def test_an_admin_access_claims_spec_is_back_after_a_reboot(root: Path) ->
         await running(cluster, "share", "monitor")
         admin_uid = claim["metadata"]["uid"]
         assert admin_uid in node.specs(), "the adminAccess claim got no CDI spec at Prepare"
-        await a_reconcile_pass(cluster)
+        await a_reconcile_pass(cluster, node)
         before = node.specs()
         assert admin_uid in before, "the adminAccess claim's spec was removed while it runs"
         assert sorted(before) == sorted([admin_uid, cluster.claim_uid("share")])
@@ -219,5 +223,5 @@ async def test_an_admin_access_claims_spec_is_back_after_a_reboot(root: Path) ->
             assert not containers["main"].error, containers["main"].error
             assert containers["main"].env == envs[name], name
         assert prepare_calls(node) == prepares
-        await a_reconcile_pass(cluster)
+        await a_reconcile_pass(cluster, node)
         assert node.specs() == before  # the claim is allocated here, though it holds no lease

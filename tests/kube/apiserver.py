@@ -1249,6 +1249,32 @@ _CALL: contextvars.ContextVar[Call] = contextvars.ContextVar("fake_apiserver_cal
 
 
 @dataclass
+class _Asker:
+    client: str  # whose token the request came with (see FakeApiServer.client_token)
+    counted: bool = False  # the claims of its answer were counted already
+
+
+_ASKER: contextvars.ContextVar[_Asker | None] = contextvars.ContextVar(
+    "fake_apiserver_asker", default=None
+)
+
+
+@dataclass
+class ClientReads:
+    """What the API server sent one client (every connection made with its token):
+    ``own`` / ``foreign``: bytes of ResourceClaims (list items, single objects, watch
+    events) whose allocation named (ever, or now) that client's node, or not (unallocated
+    claims, other nodes' claims); ``requests``: every request it made; ``watch_bytes``:
+    every watch event line sent to it, of any kind (bookmarks included)."""
+
+    own: int = 0
+    foreign: int = 0
+    requests: int = 0
+    watch_bytes: int = 0
+    watch_claim_bytes: int = 0  # of own + foreign, those that came in watch events
+
+
+@dataclass
 class Change:
     version: int
     resource: str
@@ -1266,6 +1292,7 @@ class Watcher:
     selector: Selector
     bookmarks: bool
     queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)  # lines
+    client: str = ""  # whose token opened it (FakeApiServer.client_token), or ""
 
 
 @dataclass
@@ -1352,6 +1379,7 @@ class FakeApiServer:
         self,
         *,
         token: str = "",
+        tokens: Mapping[str, str] | None = None,
         history: int = 1000,
         ssl_context: ssl.SSLContext | None = None,
         kube_version: str = "1.36",
@@ -1360,10 +1388,17 @@ class FakeApiServer:
         """``kube_version``: whose resource.k8s.io/v1 schemas validate writes (see
         :func:`kube_versions`). ``field_validation``: how a write of a resource.k8s.io object
         that names no ``fieldValidation`` is decoded (the real server's default is ``Warn``,
-        kubectl sends ``Strict``)."""
+        kubectl sends ``Strict``). ``tokens``: bearer token -> client name (a node's name
+        for a node's agent), each accepted beside ``token`` and its requests counted for
+        that client (:meth:`client_token`, :meth:`claim_bytes_read`)."""
         if field_validation not in FIELD_VALIDATIONS:
             raise ValueError(f"field_validation: one of {FIELD_VALIDATIONS}")
         self.token = token
+        self.tokens: dict[str, str] = dict(tokens or {})
+        self.reads: dict[str, ClientReads] = {}  # client name -> what it was sent
+        self._claim_nodes: dict[str, set[str]] = {}  # claim uid -> nodes it was allocated to
+        self._claim_sizes: dict[str, tuple[str, int]] = {}  # uid -> (resourceVersion, bytes)
+        self._unchecked = False  # put_objects(check_each=False) after its first object
         self.kube_version = supported_version(kube_version)
         self.field_validation = field_validation
         self.version = 0
@@ -1466,8 +1501,24 @@ class FakeApiServer:
         content_type = request.content_type if request.can_read_body else ""
         self.log.append((request.method, request.path_qs, content_type))
         self.requests[_verb(request)] += 1
-        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+        authorization = request.headers.get("Authorization", "")
+        client = self.tokens.get(authorization.removeprefix("Bearer ")) if authorization else None
+        if self.token and authorization != f"Bearer {self.token}" and client is None:
             return ApiError(401, "Unauthorized").response()
+        if client is None:
+            return await self._authorized(request, handler)
+        self.client_reads(client).requests += 1
+        asker = _Asker(client)
+        token = _ASKER.set(asker)
+        try:
+            response = await self._authorized(request, handler)
+        finally:
+            _ASKER.reset(token)
+        if not asker.counted:
+            self._count_answer(client, request, response)
+        return response
+
+    async def _authorized(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         for hold in list(self.holds):
             if hold.method == request.method and hold.path.search(request.path_qs):
                 self.holds.remove(hold)
@@ -1483,6 +1534,74 @@ class FakeApiServer:
                     self.faults.remove(fault)
                 return await self._faulted(fault, request, handler)
         return await self._serve(request, handler)
+
+    # -- what each client read -------------------------------------------------------------
+
+    def client_token(self, client: str) -> str:
+        """A bearer token of its own for ``client`` (``<token>-<client>``), accepted from
+        now on; what is sent on it is counted for ``client``."""
+        token = f"{self.token or 'token'}-{client}"
+        self.tokens[token] = client
+        return token
+
+    def client_reads(self, client: str) -> ClientReads:
+        return self.reads.setdefault(client, ClientReads())
+
+    def claim_bytes_read(self, client: str) -> tuple[int, int]:
+        """(own, foreign): bytes of ResourceClaims sent to ``client`` (see :class:`ClientReads`)."""
+        reads = self.reads.get(client) or ClientReads()
+        return reads.own, reads.foreign
+
+    def _count_claim(self, client: str, claim: Obj, size: int, *, watched: bool = False) -> None:
+        reads = self.client_reads(client)
+        nodes = self._claim_nodes.get(str(claim.get("metadata", {}).get("uid")), set())
+        if client in nodes or client in allocation_nodes(claim):
+            reads.own += size
+        else:
+            reads.foreign += size
+        if watched:
+            reads.watch_claim_bytes += size
+
+    def _count_line(self, client: str, resource: str, obj: Obj | None, line: bytes) -> None:
+        """A watch event line sent to ``client``."""
+        self.client_reads(client).watch_bytes += len(line)
+        if resource == RESOURCE_CLAIMS.resource and obj is not None and "spec" in obj:
+            self._count_claim(client, obj, len(line), watched=True)
+
+    def _claim_size(self, item: Obj) -> int:
+        """The bytes of one claim as a list item (encoded once per resourceVersion)."""
+        meta = item.get("metadata") or {}
+        uid, version = str(meta.get("uid")), str(meta.get("resourceVersion"))
+        cached = self._claim_sizes.get(uid)
+        if cached is None or cached[0] != version:
+            cached = (version, len(json.dumps(item).encode()))
+            self._claim_sizes[uid] = cached
+        return cached[1]
+
+    def _count_answer(
+        self, client: str, request: web.Request, response: web.StreamResponse
+    ) -> None:
+        """The claims in a (non-watch) answer to ``client``: one object, or a list's items."""
+        if (
+            "/resourceclaims" not in request.path
+            or not isinstance(response, web.Response)
+            or response.status >= 300
+            or not isinstance(response.body, bytes)
+        ):
+            return
+        body = json.loads(response.body)
+        if not isinstance(body, dict):
+            return
+        if isinstance(body.get("items"), list):
+            for item in body["items"]:
+                self._count_claim(client, item, self._claim_size(item))
+        elif "spec" in body:
+            self._count_claim(client, body, len(response.body))
+
+    def _note_allocation(self, claim: Obj) -> None:
+        if nodes := allocation_nodes(claim):
+            uid = str(claim["metadata"].get("uid"))
+            self._claim_nodes.setdefault(uid, set()).update(nodes)
 
     async def _faulted(
         self, fault: Fault, request: web.Request, handler: Handler
@@ -1588,9 +1707,14 @@ class FakeApiServer:
             self.floor = self.history[0].version
         change = Change(self.version, kind.resource, change_type, _copy(obj), old)
         self.history.append(change)
+        if kind is RESOURCE_CLAIMS:
+            self._note_allocation(change.obj)
         for watcher in self.watchers:
             if (event := _event_for(watcher, change)) is not None:
-                watcher.queue.put_nowait(_line(event, change))
+                line = _line(event, change)
+                watcher.queue.put_nowait(line)
+                if watcher.client:
+                    self._count_line(watcher.client, kind.resource, change.obj, line)
         return _copy(obj)
 
     def _insert(self, kind: Kind, namespace: str, body: Any, *, keep_status: bool = False) -> Obj:
@@ -1611,7 +1735,9 @@ class FakeApiServer:
         if not name or not _NAME.match(name):
             why = "Required value: name or generateName is required" if not name else "Invalid"
             raise ApiError(422, f'{kind.kind} "{name}" is invalid: metadata.name: {why}')
-        if kind.checked:
+        if kind.checked and self._unchecked:
+            meta["generation"] = 1
+        elif kind.checked:
             self._admit_new(kind, obj, keep_status)
         if (meta.get("namespace", ""), name) in self.objects[kind.resource]:
             details = {"name": name, **({"group": kind.group} if kind.group else {})}
@@ -1663,7 +1789,12 @@ class FakeApiServer:
             if q.get("resourceVersionMatch") == "Exact" and wanted != self.version:
                 raise ApiError(410, f"too old resource version: {wanted} ({self.version})")
         # serialized before anything can change them: no copies needed
-        return web.json_response(self._list_of(kind, self._matching(kind, namespace, selector)))
+        listing = self._list_of(kind, self._matching(kind, namespace, selector))
+        if kind is RESOURCE_CLAIMS and (asker := _ASKER.get()) is not None:
+            for item in listing["items"]:
+                self._count_claim(asker.client, item, self._claim_size(item))
+            asker.counted = True
+        return web.json_response(listing)
 
     def _matching(self, kind: Kind, namespace: str, selector: Selector) -> list[Obj]:
         """The stored objects in ``namespace`` (all: "") that ``selector`` selects, in
@@ -1690,12 +1821,17 @@ class FakeApiServer:
     ) -> web.StreamResponse:
         q = request.query
         timeout_s = float(_int(q.get("timeoutSeconds", "0"), "timeoutSeconds")) or 1800.0
-        watcher = Watcher(kind, namespace, selector, _flag(q.get("allowWatchBookmarks")))
+        client = asker.client if (asker := _ASKER.get()) is not None else ""
+        watcher = Watcher(
+            kind, namespace, selector, _flag(q.get("allowWatchBookmarks")), client=client
+        )
         version = q.get("resourceVersion", "")
         backlog: list[bytes] = []
         if version in ("", "0"):
             for obj in self._matching(kind, namespace, selector):
                 backlog.append(_encoded({"type": "ADDED", "object": obj}))
+                if client:
+                    self._count_line(client, kind.resource, obj, backlog[-1])
         elif (since := _int(version, "resourceVersion")) < self.floor:
             message = f"too old resource version: {since} ({self.floor + 1})"
             backlog.append(
@@ -1703,8 +1839,11 @@ class FakeApiServer:
             )
             timeout_s = 0.0  # and the stream ends
         else:
-            changes = (c for c in self.history if c.version > since)
-            backlog.extend(_line(e, c) for c in changes if (e := _event_for(watcher, c)))
+            for change in (c for c in self.history if c.version > since):
+                if (event := _event_for(watcher, change)) is not None:
+                    backlog.append(_line(event, change))
+                    if client:
+                        self._count_line(client, kind.resource, change.obj, backlog[-1])
         if timeout_s:
             self.watchers.add(watcher)  # before any await: no change falls between
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -2023,6 +2162,26 @@ class FakeApiServer:
             new["metadata"].pop("namespace")
         return self._update(kind, stored, new)
 
+    def put_objects(self, resource: str, objs: Iterable[Obj], *, check_each: bool = True) -> int:
+        """Many objects put in place (as :meth:`put_object` puts each) as though they had
+        stood there before every watch began: no watch is sent them one by one; instead
+        the history is compacted and every watch ended, so that each client, resuming,
+        gets 410 Expired and lists again. Returns how many were put. ``check_each``
+        False: only the first is checked against the schemas (the others made alike)."""
+        watchers, self.watchers = self.watchers, set()  # no await below: none opens meanwhile
+        count = 0
+        try:
+            for obj in objs:
+                self.put_object(resource, obj)
+                count += 1
+                self._unchecked = not check_each
+        finally:
+            self.watchers = watchers
+            self._unchecked = False
+        self.compact()
+        self.end_watches()
+        return count
+
     def delete_object(self, resource: str, namespace: str, name: str) -> Obj:
         """Delete as a DELETE without options does (a pod: with its grace period; any other
         object at once, or marked while it has finalizers)."""
@@ -2103,7 +2262,10 @@ class FakeApiServer:
                     "apiVersion": watcher.kind.api_version,
                     "metadata": {"resourceVersion": str(self.version)},
                 }
-                watcher.queue.put_nowait(_encoded({"type": "BOOKMARK", "object": obj}))
+                line = _encoded({"type": "BOOKMARK", "object": obj})
+                watcher.queue.put_nowait(line)
+                if watcher.client:
+                    self._count_line(watcher.client, watcher.kind.resource, None, line)
 
     def hold_next(self, method: str, path_regex: str) -> Hold:
         """Hold the next request whose method and path (with its query) match until the
@@ -2175,6 +2337,20 @@ def _check_pod_update(stored: Obj, new: Obj) -> None:
             )
 
 
+def allocation_nodes(claim: Obj) -> set[str]:
+    """The nodes a claim's allocation names (``nodeSelector`` matchFields on
+    ``metadata.name`` with ``In``); none for an unallocated claim."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+    return {
+        value
+        for term in terms
+        for match in term.get("matchFields") or []
+        if match.get("key") == "metadata.name" and match.get("operator") == "In"
+        for value in match.get("values") or []
+    }
+
+
 def _verb(request: web.Request) -> str:
     method = request.method
     named = "name" in request.match_info
@@ -2202,11 +2378,12 @@ class Store(dict[str, dict[Key, Obj]]):
     (namespace, name) order: ``api.objects("resourceclaims")``."""
 
     def __call__(self, resource: str, namespace: str | None = None) -> list[Obj]:
-        return [
-            _copy(obj)
-            for (ns, _), obj in sorted(self[resource].items())
-            if namespace is None or ns == namespace
-        ]
+        chosen = (
+            (key, obj)
+            for key, obj in self[resource].items()
+            if namespace is None or key[0] == namespace
+        )
+        return [_copy(obj) for _, obj in sorted(chosen, key=lambda pair: pair[0])]
 
 
 def _selector(kind: Kind, query: Mapping[str, str]) -> Selector:

@@ -1,4 +1,4 @@
-"""Leader election (agent/kube/leader.py) against the stand-in API server's Leases, through
+"""Leader election (agent/kubeapi/leader.py) against the stand-in API server's Leases, through
 the real adapter: who takes the Lease when, a write race decided by resourceVersion, the
 work stopped when renewals fail or another holder shows, the Lease released on a stop."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.kube.leader import LeaderElector, LeaderOptions, Record, verdict
+from agent.kubeapi.leader import LeaderElector, LeaderOptions, Record, verdict
 from agent.kubeapi.rest import RestKubeApi
 from tests.kube.apiserver import FakeApiServer
 

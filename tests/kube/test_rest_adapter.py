@@ -52,7 +52,7 @@ async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
         await adapter.aclose()
 
 
-@pytest.mark.parametrize(("port", "count"), [(KubeApi, 14), (ResourceApi, 10)])
+@pytest.mark.parametrize(("port", "count"), [(KubeApi, 14), (ResourceApi, 11)])
 def test_it_has_every_method_of_the_ports_with_their_signatures(port: type, count: int) -> None:
     methods = [n for n in vars(port) if not n.startswith("_") and callable(vars(port)[n])]
     assert len(methods) == count

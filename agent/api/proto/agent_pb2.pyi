@@ -597,3 +597,29 @@ class GoneDevice(_message.Message):
     leases_failed: int
     when: str
     def __init__(self, device_uuid: _Optional[str] = ..., since: _Optional[float] = ..., leases_failed: _Optional[int] = ..., when: _Optional[str] = ...) -> None: ...
+
+class AnswerClaimRequest(_message.Message):
+    __slots__ = ("claim_json",)
+    CLAIM_JSON_FIELD_NUMBER: _ClassVar[int]
+    claim_json: bytes
+    def __init__(self, claim_json: _Optional[bytes] = ...) -> None: ...
+
+class ShareAnswer(_message.Message):
+    __slots__ = ("device", "share_id", "admitted", "reason", "message")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    share_id: str
+    admitted: bool
+    reason: str
+    message: str
+    def __init__(self, device: _Optional[str] = ..., share_id: _Optional[str] = ..., admitted: _Optional[bool] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AnswerClaimResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[ShareAnswer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[ShareAnswer, _Mapping]]] = ...) -> None: ...

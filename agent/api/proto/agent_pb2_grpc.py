@@ -114,6 +114,11 @@ class AgentStub:
                 request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorRequest.SerializeToString,
                 response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorResponse.FromString,
                 _registered_method=True)
+        self.AnswerClaim = channel.unary_unary(
+                '/gpushare.v1.Agent/AnswerClaim',
+                request_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AnswerClaimRequest.SerializeToString,
+                response_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AnswerClaimResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -237,6 +242,19 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnswerClaim(self, request, context):
+        """The DRA driver's binding answer (KEP-5007), asked by the cluster's one binding
+        controller, which follows the claims and writes their status: the agent decides on
+        each share of the claim allocated to this node that waits for its binding condition,
+        by its own rules (retention gate, trust domain, client cap, priorities), admitting the
+        share's lease as Prepare will find it. A claim is all or nothing. Safe to ask again:
+        the same claim gets the same answer and the same leases. The DRA driver off:
+        FAILED_PRECONDITION; a claim_json that cannot be read as a claim: INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -319,6 +337,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.RetrainEstimator,
                     request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorRequest.FromString,
                     response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorResponse.SerializeToString,
+            ),
+            'AnswerClaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnswerClaim,
+                    request_deserializer=agent_dot_api_dot_proto_dot_agent__pb2.AnswerClaimRequest.FromString,
+                    response_serializer=agent_dot_api_dot_proto_dot_agent__pb2.AnswerClaimResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -753,6 +776,33 @@ class Agent:
             '/gpushare.v1.Agent/RetrainEstimator',
             agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorRequest.SerializeToString,
             agent_dot_api_dot_proto_dot_agent__pb2.RetrainEstimatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnswerClaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpushare.v1.Agent/AnswerClaim',
+            agent_dot_api_dot_proto_dot_agent__pb2.AnswerClaimRequest.SerializeToString,
+            agent_dot_api_dot_proto_dot_agent__pb2.AnswerClaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,8 +1,9 @@
-"""Leader election for the parts of ``kube serve`` that write: the lease controller and the
-node-state publisher run in one replica at a time, the holder of one
-``coordination.k8s.io/v1`` Lease (the protocol of client-go's ``leaderelection``, which
-kube-scheduler uses for its own Lease). The extender, the webhook and the agents' cache
-run in every replica.
+"""Leader election, on the floor both Kubernetes paths share: the parts that write run in
+one replica at a time, the holder of one ``coordination.k8s.io/v1`` Lease (the protocol of
+client-go's ``leaderelection``, which kube-scheduler uses for its own Lease). On the
+extender path the lease controller and the node-state publisher of ``kube serve`` (the
+extender, the webhook and the agents' cache run in every replica); on the DRA path the
+binding-answer controller of ``dra controller``.
 
 - A candidate reads the Lease every ``retry_period_s``. It takes a Lease that does not
   exist, that has no holder (released), or whose record has not changed for the holder's

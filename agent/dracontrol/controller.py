@@ -1,0 +1,322 @@
+"""Binding answers (KEP-5007) for the whole cluster: the scheduler waits, before it binds a
+pod, until each device allocated to the pod's claims says it is usable. This controller
+follows the ResourceClaims once for the cluster (list, then watch from the list's
+resourceVersion), and for each claim whose results of driver ``gpushare.io`` wait for a
+binding condition it asks the agent of the node of those results (pool = node) to decide,
+and writes the agent's word (``gpushare.io/admitted`` or ``gpushare.io/refused`` with the
+agent's reason) into the claim's ``status.devices``. The agent keeps the decision (its
+retention gate, trust domain, client cap, priorities) and the lease it admits; asked again
+about the same claim it answers the same (its request ids are the claim's UID and share).
+
+An answer not written is owed (:class:`agent.runtime.owed.Owed`, one task per claim): tried
+again with a backoff doubling from ``backoff_s`` to ``backoff_max_s``, the claim read again
+before each retry, until it is written (or found written: a write that landed with its
+reply lost is not written twice), or the claim is gone (deleted, replaced by another of its
+name) or no longer waits (deallocated: the scheduler's binding timeout). An agent that
+cannot be reached keeps the claim owed: the controller never refuses a share on its own.
+Every status write carries the resourceVersion read, so a write over a newer claim (the
+scheduler's, another controller's) is a 409 and the claim is read again.
+
+Cost: the list and the watch carry every claim of the cluster, but only changes whose JSON
+mentions the driver (``"gpushare.io"``: its device class, its results) are decoded; the
+others pass as bookmarks. One task per claim owed, none for answered ones; a relist (at
+start, on 410 Gone, after a failure) wakes a claim's task rather than starting another,
+and a watch that ends at its timeout resumes from its resourceVersion without a relist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.dra.claims import (
+    ADMITTED,
+    REFUSED,
+    ClaimError,
+    Share,
+    allocation,
+    condition,
+    metadata,
+    pending_conditions,
+    with_device_status,
+)
+from agent.dracontrol.port import ClaimsApi, Decider, ShareAnswerValue, Unreached
+from agent.kubeapi.port import Conflict, Gone, KubeError, NotFound, Obj
+from agent.runtime.owed import Debt, Outcome, Owed
+
+log = logging.getLogger(__name__)
+
+DRIVER = "gpushare.io"
+# metav1.Condition's reason
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+@dataclass
+class Counters:
+    """What the controller has done since it started (for the bench and the logs)."""
+
+    claims_seen: int = 0  # claim objects decoded (listed, or in a watch event)
+    events_skipped: int = 0  # watch events passed undecoded (claims not of the driver)
+    bytes_decoded: int = 0  # their JSON's size, when measured (``measure_bytes``)
+    relists: int = 0
+    asks: int = 0  # AnswerClaim calls to the agents
+    unreached: int = 0  # of which gave no answer
+    answers_written: int = 0  # shares whose answer landed in a status write
+    refusals_written: int = 0  # of which refused
+    write_failures: int = 0  # status writes that failed (other than 409 and 404)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def waiting_pools(claim: Mapping[str, Any], driver: str = DRIVER) -> list[str]:
+    """The pools (= nodes) where a result of ``driver`` waits for its binding condition,
+    in the order of the claim's results."""
+    found = allocation(claim) or {}
+    results = (found.get("devices") or {}).get("results") or []
+    pools = list(
+        dict.fromkeys(str(r.get("pool") or "") for r in results if r.get("driver") == driver)
+    )
+    waiting = []
+    for pool in pools:
+        try:
+            pending = bool(pending_conditions(claim, driver, pool))
+        except ClaimError:  # a result the agent will refuse: waiting all the same
+            pending = bool(_raw_pending(claim, driver, pool))
+        if pending:
+            waiting.append(pool)
+    return waiting
+
+
+def _raw_pending(claim: Mapping[str, Any], driver: str, pool: str) -> set[tuple[str, str]]:
+    """(device, shareID) of the results in ``pool`` that carry binding conditions and have
+    no answer yet, read without checking the results."""
+    found = allocation(claim) or {}
+    answered = {
+        (str(d.get("device") or ""), str(d.get("shareID") or ""))
+        for d in (claim.get("status") or {}).get("devices") or []
+        if d.get("driver") == driver and d.get("pool") == pool and d.get("conditions")
+    }
+    return {
+        (str(r.get("device") or ""), str(r.get("shareID") or ""))
+        for r in (found.get("devices") or {}).get("results") or []
+        if r.get("driver") == driver and r.get("pool") == pool and r.get("bindingConditions")
+    } - answered
+
+
+def answer_condition(answer: ShareAnswerValue, at: str) -> Obj:
+    """The condition written for the agent's answer: its reason where it is a valid
+    condition reason, else ``Admitted`` / ``Refused``; a message always."""
+    kind, default = (ADMITTED, "Admitted") if answer.admitted else (REFUSED, "Refused")
+    reason = answer.reason if _REASON.match(answer.reason) and len(answer.reason) <= 128 else ""
+    message = answer.message or ("admitted by the node's agent" if answer.admitted else "refused")
+    return condition(kind, reason or default, message, at)
+
+
+class BindingController:
+    """Run :meth:`run` in the leader only (:class:`agent.kubeapi.leader.LeaderElector`):
+    cancelled, it stops every owed try at once."""
+
+    def __init__(
+        self,
+        api: ClaimsApi,
+        decider: Decider,
+        *,
+        driver: str = DRIVER,
+        concurrency: int = 32,
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        watch_timeout_s: float = 300.0,
+        measure_bytes: bool = False,
+    ) -> None:
+        self._api = api
+        self._decider = decider
+        self.driver = driver
+        self._slots = asyncio.Semaphore(concurrency)
+        self._backoff_s = backoff_s
+        self._watch_timeout_s = watch_timeout_s
+        self._measure = measure_bytes
+        self._mentioning = json.dumps(driver)
+        self._owed: Owed[Obj] = Owed(
+            self._attempt, first_s=backoff_s, max_s=backoff_max_s, name=_task_name
+        )
+        self.counters = Counters()
+
+    @property
+    def owing(self) -> int:
+        """Claims whose answer is owed now."""
+        return len(self._owed)
+
+    async def run(self) -> None:
+        """Follow the claims until cancelled (list, then watch from there)."""
+        try:
+            while True:
+                try:
+                    await self._follow()
+                except (KubeError, OSError) as exc:
+                    log.warning(
+                        "following ResourceClaims failed (%s); again in %.1fs", exc, self._backoff_s
+                    )
+                    await asyncio.sleep(self._backoff_s)
+        finally:
+            await self._owed.aclose()
+
+    async def _follow(self) -> None:
+        listing = await self._api.list_resource_claims()
+        self.counters.relists += 1
+        for claim in listing.items:
+            self._seen(claim)
+            self._consider(claim)
+        version = listing.resource_version
+        while True:
+            try:
+                async for event in self._api.watch_resource_claims(
+                    version, timeout_s=self._watch_timeout_s, mentioning=self._mentioning
+                ):
+                    version = str(metadata(event.obj).get("resourceVersion") or version)
+                    if event.kind == "BOOKMARK":
+                        self.counters.events_skipped += "kind" not in event.obj
+                        continue
+                    self._seen(event.obj)
+                    if event.kind == "DELETED":
+                        self._owed.nudge(_uid(event.obj))
+                    else:
+                        self._consider(event.obj)
+            except Gone:
+                return  # list again
+
+    def _seen(self, claim: Obj) -> None:
+        self.counters.claims_seen += 1
+        if self._measure:
+            self.counters.bytes_decoded += len(json.dumps(claim, separators=(",", ":")))
+
+    def _consider(self, claim: Obj) -> None:
+        """Owe the claim its answer if it waits for one; wake its owed try if any."""
+        uid = _uid(claim)
+        if uid in self._owed or waiting_pools(claim, self.driver):
+            self._owed.owe(uid, claim)
+
+    async def _attempt(self, debt: Debt[Obj]) -> bool:
+        """One try: on the watch's copy first (the newest seen), after that on the claim
+        read again; a copy found stale is read again at once, once. True once nothing is
+        owed."""
+        async with self._slots:
+            reread = debt.tries > 0
+            for _ in range(2):
+                outcome = await self._try(debt.item, reread=reread)
+                if outcome is not Outcome.STALE:
+                    return outcome is Outcome.SETTLED
+                reread = True
+        return False
+
+    async def _try(self, copy: Obj, *, reread: bool) -> Outcome:
+        try:
+            claim = await self._reread(copy) if reread else copy
+        except KubeError as exc:
+            log.warning("claim %s not read again (%s); tried again", _key(copy), exc)
+            return Outcome.FAILED
+        if not claim:
+            return Outcome.SETTLED  # gone: nothing to answer
+        pools = waiting_pools(claim, self.driver)
+        if not pools:
+            return (
+                Outcome.SETTLED
+            )  # answered (maybe by a write whose reply was lost), or not waiting
+        asked = await asyncio.gather(*(self._ask(pool, claim) for pool in pools))
+        answers = {pool: found for pool, found in zip(pools, asked, strict=True) if found}
+        complete = all(asked)
+        if answers:
+            outcome = await self._written(claim, answers)
+            if outcome is not Outcome.SETTLED:
+                return outcome
+        return Outcome.SETTLED if complete else Outcome.FAILED
+
+    async def _ask(self, node: str, claim: Obj) -> list[tuple[Share, Obj]]:
+        """The agent of ``node``'s answers for its waiting shares, as entries to write; []
+        when it gave none (not reached, or none of its answers matches a waiting share:
+        the claim stays owed)."""
+        self.counters.asks += 1
+        try:
+            said = await self._decider.answer(node, claim)
+        except Unreached as exc:
+            self.counters.unreached += 1
+            log.warning("binding answer for claim %s on %s not had: %s", _key(claim), node, exc)
+            return []
+        waiting = _raw_pending(claim, self.driver, node)
+        at = now_rfc3339()
+        entries = [
+            (_share(a), answer_condition(a, at)) for a in said if (a.device, a.share_id) in waiting
+        ]
+        if len(entries) != len(said) or not entries:
+            log.warning(
+                "the agent of %s answered %d share(s) of claim %s, %d of them waiting",
+                node,
+                len(said),
+                _key(claim),
+                len(entries),
+            )
+        return entries
+
+    async def _written(
+        self, claim: Obj, answers: Mapping[str, Sequence[tuple[Share, Obj]]]
+    ) -> Outcome:
+        body: Obj = claim
+        for pool, entries in answers.items():
+            body = with_device_status(body, self.driver, pool, entries)
+        meta = metadata(claim)
+        try:
+            await self._api.replace_resource_claim_status(
+                str(meta.get("namespace") or ""), str(meta.get("name") or ""), body
+            )
+        except (Conflict, NotFound):
+            return Outcome.STALE  # changed or gone meanwhile: the answer may have landed
+        except KubeError as exc:
+            self.counters.write_failures += 1
+            refused = 400 <= exc.status < 500 and exc.status != 429  # RBAC, validation
+            log.log(
+                logging.ERROR if refused else logging.WARNING,
+                "binding answer for claim %s not written (%s); tried again",
+                _key(claim),
+                exc,
+            )
+            return Outcome.FAILED
+        written = [c for entries in answers.values() for _, c in entries]
+        self.counters.answers_written += len(written)
+        self.counters.refusals_written += sum(1 for c in written if c["type"] == REFUSED)
+        return Outcome.SETTLED
+
+    async def _reread(self, claim: Obj) -> Obj:
+        """The claim as the API has it now; {} when it is gone or replaced."""
+        meta = metadata(claim)
+        try:
+            fresh = await self._api.get_resource_claim(
+                str(meta.get("namespace") or ""), str(meta.get("name") or "")
+            )
+        except NotFound:
+            return {}
+        return fresh if metadata(fresh).get("uid") == meta.get("uid") else {}
+
+
+def _share(answer: ShareAnswerValue) -> Share:
+    """The entry's key (device, share id) as :func:`with_device_status` takes it."""
+    return Share("", answer.device, answer.share_id, None, None)
+
+
+def _key(claim: Mapping[str, Any]) -> str:
+    meta = metadata(claim)
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _uid(claim: Mapping[str, Any]) -> str:
+    return str(metadata(claim).get("uid") or "")
+
+
+def _task_name(claim: Mapping[str, Any]) -> str:
+    return f"answer-{_key(claim)}"
