@@ -9,42 +9,36 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from agent.cli import exits
 from agent.cli.common import CONTEXT, fail
+from agent.cli.options import (
+    API_PROBLEM,
+    API_TIMEOUT_HELP,
+    agent_options,
+    api_from,
+    api_problem,
+    api_server_options,
+    check_together,
+    file_option,
+    leader_from,
+    leader_options,
+    log_level_option,
+    name_option,
+    seconds_option,
+    serve_until_stopped,
+)
 from agent.core.errors import ConfigError, GpushareError
 
 log = logging.getLogger(__name__)
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def file_option(flag: str, text: str) -> Callable[[F], F]:
-    """An option naming a file this process must be able to read (empty: none)."""
-    return click.option(flag, metavar="FILE", default="", callback=_file, help=text)
-
-
-def seconds_option(flag: str, default: float, text: str) -> Callable[[F], F]:
-    """A duration in seconds, above 0."""
-    return click.option(
-        flag, type=float, default=default, show_default=True, callback=_positive, help=text
-    )
 
 
 @click.group(context_settings=CONTEXT)
 def kube() -> None:
     """The cluster side of the Kubernetes integration (see docs/kubernetes.md)."""
-
-
-def _file(_ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """A file option: empty, or a file this process can read."""
-    if value and not Path(value).is_file():
-        raise click.BadParameter(f"{value}: no such file", param=param)
-    return value
 
 
 def _listen(_ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -57,53 +51,15 @@ def _listen(_ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
-def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> float:
-    if value <= 0:
-        raise click.BadParameter(f"{value:g} must be above 0", param=param)
-    return value
-
-
 @kube.command("serve", context_settings=CONTEXT)
-@click.option(
-    "--api-server",
-    envvar="GPUSHARE_KUBE_API_SERVER",
-    metavar="URL",
-    default="",
-    help="The Kubernetes API server (https://HOST:6443). Default: the pod's service account "
-    "(in-cluster). Env: GPUSHARE_KUBE_API_SERVER.",
-)
-@file_option("--api-token-file", "Bearer token for --api-server.")
-@file_option("--api-ca", "CA of --api-server's certificate.")
-@click.option(
-    "--agents-namespace",
-    default="gpushare-system",
-    show_default=True,
-    help="Namespace of the agents' headless Service.",
-)
-@click.option(
+@api_server_options()
+@name_option("--agents-namespace", "gpushare-system", "Namespace of the agents' headless Service.")
+@name_option(
     "--agents-service",
-    default="gpushare-agent",
-    show_default=True,
-    help="The agents' headless Service; its EndpointSlices (port 'grpc') name one agent per node.",
+    "gpushare-agent",
+    "The agents' headless Service; its EndpointSlices (port 'grpc') name one agent per node.",
 )
-@file_option("--agent-ca", "CA of the agents' certificates (TLS towards the agents).")
-@file_option("--agent-cert", "This side's certificate, for mutual TLS with the agents.")
-@file_option("--agent-key", "The key of --agent-cert.")
-@file_option(
-    "--agent-token-file",
-    "Bearer token towards the agents (over TLS, or plaintext with --insecure-agents).",
-)
-@click.option(
-    "--agent-server-name",
-    default="gpushare-agent.gpushare-system.svc",
-    show_default=True,
-    help="The name the agents' certificates carry (they are reached by pod address).",
-)
-@click.option(
-    "--insecure-agents",
-    is_flag=True,
-    help="Plaintext gRPC to the agents: for tests and kind clusters only.",
-)
+@agent_options("Bearer token towards the agents (over TLS, or plaintext with --insecure-agents).")
 @click.option(
     "--extender-listen",
     default="127.0.0.1:8888",
@@ -148,58 +104,20 @@ def _positive(_ctx: click.Context, param: click.Parameter, value: float) -> floa
     "How long a Binding whose answer was lost (a 5xx, a timeout, a broken connection) is "
     "sent again until one is sure, before its pod's lease is kept for the pod's next try.",
 )
-@seconds_option(
-    "--api-timeout-s",
-    30.0,
-    "How long one request to the API server may take before its answer is given up "
-    "(a watch: how long it may stay silent past its own timeout).",
-)
+@seconds_option("--api-timeout-s", 30.0, API_TIMEOUT_HELP)
 @seconds_option("--discovery-interval-s", 10.0, "How often the agents' EndpointSlices are read.")
 @seconds_option(
     "--node-state-interval-s",
     30.0,
     "How often each node's label gpushare.io/ready and condition GpushareReady are published.",
 )
-@click.option(
-    "--leader-elect/--no-leader-elect",
-    default=True,
-    show_default=True,
-    help="Run the lease controller and the node-state publisher only in the replica that "
+@leader_options(
+    elect_help="Run the lease controller and the node-state publisher only in the replica that "
     "holds a coordination.k8s.io Lease (the extender and the webhook run in every replica).",
+    namespace_help="Namespace of the leader election's Lease.",
+    lease="gpushare-kube-serve",
 )
-@click.option(
-    "--leader-elect-namespace",
-    default="gpushare-system",
-    show_default=True,
-    help="Namespace of the leader election's Lease.",
-)
-@click.option(
-    "--leader-elect-lease",
-    default="gpushare-kube-serve",
-    show_default=True,
-    help="Name of the leader election's Lease.",
-)
-@seconds_option(
-    "--leader-elect-lease-duration-s",
-    15.0,
-    "How long the other replicas wait, after the leader's last renewal they saw, to take over.",
-)
-@seconds_option(
-    "--leader-elect-renew-deadline-s",
-    10.0,
-    "How long the leader goes on without a renewal before it stops (below the duration).",
-)
-@seconds_option(
-    "--leader-elect-retry-period-s",
-    2.0,
-    "Between two reads of the Lease, by the leader and the candidates.",
-)
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
-)
+@log_level_option()
 def kube_serve(**options: Any) -> None:
     """Run the extender, the lease controller and the node-state publisher (and the
     webhook with --webhook-listen) until SIGTERM or SIGINT.
@@ -235,65 +153,23 @@ def kube_serve(**options: Any) -> None:
             gang_ttl_s=options["gang_ttl_s"],
             resolve_s=options["bind_resolve_s"],
         ),
-        leader=_leader(options),
+        leader=leader_from(options),
     )
-    try:
-        asyncio.run(_serve(options, cluster))
-    except ConfigError as exc:
-        fail(f"configuration error: {exc}", exits.CONFIG)
-    except GpushareError as exc:
-        fail(str(exc), exits.FAILURE)
-    sys.exit(exits.OK)
+    serve_until_stopped(_serve(options, cluster))
 
 
 def _check_pairs(options: dict[str, Any]) -> None:
     """Options that only make sense together, named at once."""
-    problems = []
-    if bool(options["agent_cert"]) != bool(options["agent_key"]):
-        problems.append("--agent-cert and --agent-key go together")
+    webhook = []
     if options["webhook_listen"] and not (options["webhook_cert"] and options["webhook_key"]):
-        problems.append("--webhook-listen needs --webhook-cert and --webhook-key")
-    if not options["insecure_agents"] and not options["agent_ca"]:
-        problems.append("--agent-ca is needed (TLS towards the agents), or --insecure-agents")
-    if (options["api_token_file"] or options["api_ca"]) and not options["api_server"]:
-        problems.append("--api-token-file and --api-ca go with --api-server")
-    if problems:
-        fail("usage: " + "; ".join(problems), exits.CONFIG)
-
-
-def _leader(options: dict[str, Any]) -> Any:
-    from agent.kubeapi.leader import LeaderOptions
-
-    if not options["leader_elect"]:
-        return None
-    try:
-        return LeaderOptions(
-            namespace=options["leader_elect_namespace"],
-            name=options["leader_elect_lease"],
-            lease_duration_s=options["leader_elect_lease_duration_s"],
-            renew_deadline_s=options["leader_elect_renew_deadline_s"],
-            retry_period_s=options["leader_elect_retry_period_s"],
-        )
-    except ValueError as exc:
-        fail(f"usage: {exc}", exits.CONFIG)
-
-
-def _api(options: dict[str, Any]) -> Any:
-    from agent.kubeapi.rest import RestKubeApi
-
-    timeout_s = options["api_timeout_s"]
-    if not options["api_server"]:
-        return RestKubeApi.in_cluster(timeout_s=timeout_s)
-    token = Path(options["api_token_file"]).read_text() if options["api_token_file"] else ""
-    return RestKubeApi.from_url(
-        options["api_server"], token=token, ca_file=options["api_ca"], timeout_s=timeout_s
-    )
+        webhook.append("--webhook-listen needs --webhook-cert and --webhook-key")
+    check_together(options, webhook)
 
 
 async def _serve(options: dict[str, Any], cluster: Any) -> None:
     from agent.kube.service import ClusterSide
 
-    api = _api(options)
+    api = api_from(options)
     side = ClusterSide(api, cluster)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -318,15 +194,7 @@ async def _serve(options: dict[str, Any], cluster: Any) -> None:
 
 
 @kube.command("release-finalizers", context_settings=CONTEXT)
-@click.option(
-    "--api-server",
-    envvar="GPUSHARE_KUBE_API_SERVER",
-    metavar="URL",
-    default="",
-    help="The Kubernetes API server. Default: the pod's service account (in-cluster).",
-)
-@file_option("--api-token-file", "Bearer token for --api-server.")
-@file_option("--api-ca", "CA of --api-server's certificate.")
+@api_server_options("The Kubernetes API server. Default: the pod's service account (in-cluster).")
 @seconds_option("--api-timeout-s", 30.0, "How long one API request may take.")
 @click.option("--dry-run", is_flag=True, help="List the pods; change nothing.")
 def kube_release_finalizers(**options: Any) -> None:
@@ -334,10 +202,10 @@ def kube_release_finalizers(**options: Any) -> None:
     that finalizer: for an uninstall, once `gpushare kube serve` (whose lease controller
     removes it as each pod ends) is gone, so that deleted share pods do not hang in
     Terminating. Their leases end with their agents. Exits 1 if one could not be removed."""
-    if (options["api_token_file"] or options["api_ca"]) and not options["api_server"]:
-        fail("usage: --api-token-file and --api-ca go with --api-server", exits.CONFIG)
+    if api_problem(options):
+        fail(f"usage: {API_PROBLEM}", exits.CONFIG)
     try:
-        left = asyncio.run(_release_finalizers(_api(options), dry_run=options["dry_run"]))
+        left = asyncio.run(_release_finalizers(api_from(options), dry_run=options["dry_run"]))
     except ConfigError as exc:
         fail(f"configuration error: {exc}", exits.CONFIG)
     except GpushareError as exc:

@@ -195,9 +195,16 @@ def _node(node: CdiDeviceNode) -> dict[str, str]:
     return out
 
 
-def write_spec(cdi_dir: str | os.PathLike[str], claim_uid: str, spec: Mapping[str, Any]) -> Path:
+def write_spec(
+    cdi_dir: str | os.PathLike[str],
+    claim_uid: str,
+    spec: Mapping[str, Any],
+    *,
+    durable: bool = False,
+) -> Path:
     """Write the claim's spec whole or not at all (a temporary file renamed over it, after
-    an fsync: a runtime never reads half a spec, a crash never leaves one)."""
+    an fsync: a runtime never reads half a spec, a crash never leaves one); ``durable``:
+    the rename too survives a power cut (the directory synced)."""
     path = spec_path(cdi_dir, claim_uid)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")  # not *.json: runtimes skip it
@@ -207,6 +214,12 @@ def write_spec(cdi_dir: str | os.PathLike[str], claim_uid: str, spec: Mapping[st
         os.fsync(out.fileno())
     os.chmod(temporary, 0o644)
     os.replace(temporary, path)
+    if durable:
+        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
     return path
 
 

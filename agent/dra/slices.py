@@ -145,12 +145,6 @@ def slice_body(
     }
 
 
-def same_devices(stored: Obj, desired: Obj) -> bool:
-    """Do two slices publish the same devices (taints' times aside when one is unset: the
-    API server fills them in)?"""
-    return comparable(stored) == comparable(desired)
-
-
 def comparable(slice_obj: Obj) -> list[Any]:
     devices = ((slice_obj.get("spec") or {}).get("devices")) or []
     out = []

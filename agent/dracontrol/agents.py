@@ -19,7 +19,8 @@ import grpc
 import grpc.aio
 
 from agent.api.proto import agent_pb2 as pb
-from agent.client import AgentClient, TokenFile, tls_credentials
+from agent.client import AgentClient
+from agent.client.credentials import AgentSecrets, agent_token
 from agent.core.errors import ConfigError
 from agent.dracontrol.port import ShareAnswerValue, Unreached
 from agent.kubeapi.endpoints import GRPC_PORT_NAME, targets_from_slices
@@ -120,8 +121,16 @@ class EndpointTargets:
 def connector(options: AgentsOptions) -> Connect:
     """target -> an AgentClient for ``async with``; the token file read again when it
     changes, the TLS files at each new connection (the last good ones kept)."""
-    token = _token_file(options.token_file) if options.token_file else None
-    secrets = _Secrets(options)
+    token = agent_token(options.token_file)
+    try:  # at start, unreadable files are an error
+        secrets = AgentSecrets(
+            options.ca_file,
+            cert_file=options.cert_file,
+            key_file=options.key_file,
+            insecure=options.insecure,
+        )
+    except (OSError, ValueError) as exc:
+        raise ConfigError("--agent-ca", str(exc)) from exc
 
     def connect(target: str) -> AbstractAsyncContextManager[AnswerLink]:
         return AgentClient(
@@ -134,37 +143,6 @@ def connector(options: AgentsOptions) -> Connect:
         )
 
     return connect
-
-
-def _token_file(path: str) -> TokenFile:
-    try:
-        return TokenFile(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError("--agent-token-file", str(exc)) from exc
-
-
-class _Secrets:
-    def __init__(self, options: AgentsOptions) -> None:
-        self._options = options
-        try:
-            self._last = self._read()  # at start, unreadable files are an error
-        except (OSError, ValueError) as exc:
-            raise ConfigError("--agent-ca", str(exc)) from exc
-
-    def _read(self) -> grpc.ChannelCredentials | None:
-        options = self._options
-        if options.insecure:
-            return None
-        return tls_credentials(
-            options.ca_file, cert_file=options.cert_file, key_file=options.key_file
-        )
-
-    def current(self) -> grpc.ChannelCredentials | None:
-        try:
-            self._last = self._read()
-        except OSError as exc:
-            log.warning("agents' TLS files not read again (the last ones kept): %s", exc)
-        return self._last
 
 
 class AgentDecider:

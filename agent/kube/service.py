@@ -12,13 +12,12 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
 from aiohttp import web
 
 from agent.admission.policy import Rules
-from agent.client import AgentClient, TokenFile, tls_credentials
+from agent.client import AgentClient
+from agent.client.credentials import AgentSecrets, agent_token
 from agent.config import filewatch
-from agent.core.errors import ConfigError
 from agent.kube.agents import AgentLink, Connect
 from agent.kube.binder import Binder, BindOptions
 from agent.kube.cache import AgentCache
@@ -64,8 +63,13 @@ def connector(options: ClusterOptions) -> Connect:
     once its file changed (a rotation takes effect on the connections already open); the
     TLS files at each connection. Files that cannot be read then leave the last ones read
     in use."""
-    known = _AgentSecrets(options)
-    token = _token_file(options.agent_token_file) if options.agent_token_file else None
+    known = AgentSecrets(
+        options.agent_ca_file,
+        cert_file=options.agent_cert_file,
+        key_file=options.agent_key_file,
+        insecure=options.insecure_agents,
+    )
+    token = agent_token(options.agent_token_file)
 
     def connect(target: str) -> contextlib.AbstractAsyncContextManager[AgentLink]:
         return AgentClient(
@@ -77,38 +81,6 @@ def connector(options: ClusterOptions) -> Connect:
         )
 
     return connect
-
-
-def _token_file(path: str) -> TokenFile:
-    try:
-        return TokenFile(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError("--agent-token-file", str(exc)) from exc
-
-
-class _AgentSecrets:
-    """The TLS files towards the agents, read again for each connection."""
-
-    def __init__(self, options: ClusterOptions) -> None:
-        self._options = options
-        self._last = self._read()  # at start, unreadable files are an error
-
-    def _read(self) -> grpc.ChannelCredentials | None:
-        options = self._options
-        if options.insecure_agents:
-            return None
-        return tls_credentials(
-            options.agent_ca_file,
-            cert_file=options.agent_cert_file,
-            key_file=options.agent_key_file,
-        )
-
-    def current(self) -> grpc.ChannelCredentials | None:
-        try:
-            self._last = self._read()
-        except OSError as exc:
-            log.warning("agents' TLS files not read again (the last ones kept): %s", exc)
-        return self._last
 
 
 async def discover(api: KubeApi, cache: AgentCache, options: ClusterOptions) -> None:

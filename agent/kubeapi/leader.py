@@ -12,8 +12,11 @@ binding-answer controller of ``dra controller``.
   candidates one wins and the other gets 409.
 - The leader renews every ``retry_period_s``. When no renewal has succeeded for
   ``renew_deadline_s`` (counted from when the last good one was sent), or the Lease shows
-  another holder, it stops its work at once: the others wait ``lease_duration_s`` from
-  when they saw its last renewal, which is later than that.
+  another holder, it cancels its work at once: the others wait ``lease_duration_s`` from
+  when they saw its last renewal, which is later than that. A write already sent may
+  still land after that (an API request may outlive the Lease), so what the work writes
+  must not rely on the Lease alone: the DRA controller's status writes carry the
+  resourceVersion they read, so a stale leader's write gets 409 or lands once.
 - On a clean stop the leader releases the Lease (no holder), so another replica takes
   over at its next read instead of after the duration.
 """

@@ -251,8 +251,17 @@ async def spawn(
     """Start the device's daemon with the shared memory ``isolation`` allows (through
     :mod:`agent.mps.shmexec`, which writes its record); a record left by a predecessor goes
     first, so that none outlives its daemon."""
+    prefix = await asyncio.to_thread(_prepare_launch, options, isolation, device_uuid, paths)
+    return await proc.DaemonProcess.spawn(binary, env, paths, multi_user=multi_user, prefix=prefix)
+
+
+def _prepare_launch(
+    options: ShmOptions, isolation: Isolation, device_uuid: str, paths: DaemonPaths
+) -> list[str]:
+    """The old record removed and the device's directory made (a tmpfs mounted, the
+    mount table read): blocking, in a worker thread."""
     record = record_path(paths.base)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(record)
     prefix, _given = launch_prefix(options, isolation, device_uuid, record)
-    return await proc.DaemonProcess.spawn(binary, env, paths, multi_user=multi_user, prefix=prefix)
+    return prefix

@@ -11,7 +11,8 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from agent.core.errors import MpsControlError, MpsError
 from agent.mps import daemon as proc
@@ -117,7 +118,7 @@ class DeviceMemory:
             if self.state.kind != "own":
                 return ""
             if st.domain_of(s.options.shm, s.device.uuid) != trust_domain:
-                await self._change_domain(trust_domain)
+                await _whole(self._change_domain(trust_domain))
             return self.state.directory
 
     async def _change_domain(self, trust_domain: str) -> None:
@@ -127,11 +128,14 @@ class DeviceMemory:
         servers = await self._shut_down_servers()
         try:
             removed = await asyncio.to_thread(st.empty, directory)
-            st.set_domain(options, uuid, trust_domain)
         except OSError as exc:
             raise MpsError(f"cannot empty {directory}: {exc}") from exc
         await s.apply_defaults()
         await s.refresh_servers()
+        try:  # last: a step that failed before leaves the old domain, so it is done again
+            await asyncio.to_thread(st.set_domain, options, uuid, trust_domain)
+        except OSError as exc:
+            raise MpsError(f"cannot record the trust domain of {uuid}: {exc}") from exc
         message = (
             f"{directory} emptied ({removed} entries) for trust domain "
             f"{trust_domain!r} (before: {before or 'none'}); {servers} server(s) shut down, "
@@ -192,3 +196,16 @@ class DeviceMemory:
                 "renewed again (is `gpushare mps host` of an earlier release?)",
                 uuid,
             )
+
+
+async def _whole(change: Coroutine[Any, Any, None]) -> None:
+    """Run a domain change to its end even if the caller is cancelled meanwhile: the
+    caller still waits for it (under the claim's lock, so no other claim sees the
+    directory half emptied), then is cancelled."""
+    task = asyncio.ensure_future(change)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise

@@ -125,9 +125,6 @@ def one_share_per_request(mine: Sequence[Share]) -> None:
             )
 
 
-one_share_per_node = one_share_per_request  # the binding answers' name, until renamed there
-
-
 def claim_leases(leases: Iterable[Lease], claim_uid: str) -> Iterator[Lease]:
     """The claim's live shares: the driver's leases (``owner``) of its request ids."""
     prefix = f"{REQUEST_PREFIX}{claim_uid}:"

@@ -295,7 +295,7 @@ class ClaimDriver:
     ) -> None:
         """Build the claim's CDI devices (reading the host's /dev and /proc now) and write
         its spec, kept for a restart. Blocking: in a worker thread."""
-        cdi = [self._cdi_device(s, x) for s, x in admitted]
+        cdi = [self._cdi_device_of(s.key, x) for s, x in admitted]
         cdi += [admin_device(s.key, device, self._paths) for s, device in admin]
         kept = KeptSpec(
             claim_uid,
@@ -305,15 +305,12 @@ class ClaimDriver:
         )
         self.specs.write(kept)
 
-    def rebuilt(self, kept: KeptSpec) -> Mapping[str, object] | None:
-        """The claim's spec as this agent writes it now, from its live leases and kept
+    def rebuilt(self, kept: KeptSpec, leases: Sequence[Lease]) -> Mapping[str, object] | None:
+        """The claim's spec as this agent writes it now, from its live ``leases`` and kept
         ``adminAccess`` devices (a spec of the last release gets the current layout);
         None where it cannot be built (the kept copy is then written as it was)."""
         uid = kept.claim_uid
-        cdi = [
-            self._cdi_device_of(share_of(x.request_id), x)
-            for x in claim_leases(self._node.leases.values(), uid)
-        ]
+        cdi = [self._cdi_device_of(share_of(x.request_id), x) for x in claim_leases(leases, uid)]
         for key, device_uuid in kept.admin:
             device = self._node.devices.get(device_uuid)
             if device is None:
@@ -323,27 +320,26 @@ class ClaimDriver:
 
     async def restore_specs(self) -> Restored:
         """Write again the specs of the claims still prepared (a reboot emptied the CDI
-        directory; the kubelet will not ask again): before the plugin serves."""
-        done = await asyncio.to_thread(self.specs.restore, self._live_lease_ids, self._rebuild)
+        directory; the kubelet will not ask again): before the plugin serves. The worker
+        thread works from a copy of the live leases taken here, on the event loop (the
+        device plugin may admit or release meanwhile)."""
+        leases = list(self._node.leases.values())
+
+        def live(uid: str) -> list[str]:
+            return [x.lease_id for x in claim_leases(leases, uid)]
+
+        def rebuild(kept: KeptSpec) -> Mapping[str, object] | None:
+            try:
+                return self.rebuilt(kept, leases)
+            except Exception as exc:  # a node missing now: the kept copy goes back as it was
+                log.warning("CDI spec of claim %s not rebuilt (%s)", kept.claim_uid, exc)
+                return None
+
+        done = await asyncio.to_thread(self.specs.restore, live, rebuild)
         for what, uids in (("written again", done.written), ("dropped", done.dropped)):
             if uids:
                 log.info("CDI specs %s at start: %d claim(s)", what, len(uids))
         return done
-
-    def _rebuild(self, kept: KeptSpec) -> Mapping[str, object] | None:
-        try:
-            return self.rebuilt(kept)
-        except Exception as exc:  # a node missing now: the kept copy goes back as it was
-            log.warning(
-                "the CDI spec of claim %s not rebuilt (%s); kept copy written", kept.claim_uid, exc
-            )
-            return None
-
-    def _live_lease_ids(self, claim_uid: str) -> list[str]:
-        return [x.lease_id for x in claim_leases(self._node.leases.values(), claim_uid)]
-
-    def _cdi_device(self, share: Share, lease: Lease) -> CdiDevice:
-        return self._cdi_device_of(share.key, lease)
 
     def _cdi_device_of(self, key: str, lease: Lease) -> CdiDevice:
         return share_device(self._node, self._paths, key, lease)

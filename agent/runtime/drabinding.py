@@ -73,8 +73,9 @@ async def _decide(driver: ClaimDriver, claim: Mapping[str, Any], uid: str) -> li
     waiting, mine = _read(driver, claim)
     if not waiting:
         return []
-    await _remember(driver, claim, uid)
     refusal = _asks_refused(driver, claim, waiting, mine)
+    if not refusal:  # a claim refused for what it asks gets nothing kept on the node
+        await _remember(driver, claim, uid)
     refused_on = ""  # the device whose ledger said no: it backs off
     answers: list[ShareAnswer] = []
     for share in [] if refusal else waiting:

@@ -40,8 +40,8 @@ class DriverPaths:
     dev_root: str = "/dev"  # where the agent reads the host's device nodes (at each Prepare)
     proc_root: str = "/proc"  # where it reads the driver's MIG capability files
     host_dev: str = "/dev"  # the host's /dev as the container runtime sees it (hostPath)
-    # A missing node fails the claim's Prepare; off only where devices have no nodes (a
-    # simulated node): what is missing is then left out.
+    # True: a missing node fails the claim's Prepare (a real node); False where devices
+    # have no nodes (a simulated node): what is missing is then left out.
     require_nodes: bool = False
     common: CdiEdits | None = None  # the NVIDIA toolkit's libraries and hooks, every claim
 
@@ -76,10 +76,9 @@ def share_device(node: NodeService, paths: DriverPaths, share_key: str, lease: L
     return CdiDevice(share_key, env, mounts, nodes, common=paths.common or None)
 
 
-def admin_device(share_key: str, device: Device, paths: DriverPaths | None = None) -> CdiDevice:
+def admin_device(share_key: str, device: Device, paths: DriverPaths) -> CdiDevice:
     """The CDI device of an ``adminAccess`` request: the device itself (its nodes, its UUID
     in ``NVIDIA_VISIBLE_DEVICES``) and no share of it: no MPS client environment, no
     limits. Blocking, as :func:`share_device`."""
-    paths = paths or DriverPaths(cdi_dir="")
     env = {"NVIDIA_VISIBLE_DEVICES": device.uuid}
     return CdiDevice(share_key, env, (), device_nodes(device, paths), common=paths.common or None)

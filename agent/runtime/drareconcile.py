@@ -39,6 +39,7 @@ from agent.kubeapi.port import KubeError, NotFound, Obj, ResourceApi
 from agent.runtime.claims import claim_uid_of, share_of
 from agent.runtime.dra import ClaimDriver
 from agent.runtime.draindex import ClaimName
+from agent.runtime.section import run_to_end
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +192,21 @@ class Reconciler:
         return now.listed[namespace]
 
     async def _release(self, uid: str, lease_ids: list[str], started: float) -> None:
+        released = await run_to_end(
+            self._release_locked(uid, lease_ids, started), what=f"reconcile of claim {uid}"
+        )
+        self.released += len(released)
+        if released:
+            self._driver.note(
+                "dra.claim_gone",
+                f"claim {uid}: shares no longer allocated here; released {', '.join(released)}",
+                {"metadata": {"uid": uid}},
+            )
+
+    async def _release_locked(self, uid: str, lease_ids: list[str], started: float) -> list[str]:
+        """Under the claim's lock, the leases older than the pass that are still live, then
+        its spec and index entry once it holds none: as one unit (a stop in between would
+        leave a spec and an entry of a claim without leases)."""
         leases = self._driver.leases
         async with leases.claim_lock(uid):
             still = [
@@ -201,13 +217,7 @@ class Reconciler:
             released = await leases.release(still, uid, "its claim is gone from this node")
             if not self._holds_leases(uid):
                 await asyncio.to_thread(self._forget, uid)
-        self.released += len(released)
-        if released:
-            self._driver.note(
-                "dra.claim_gone",
-                f"claim {uid}: shares no longer allocated here; released {', '.join(released)}",
-                {"metadata": {"uid": uid}},
-            )
+        return released
 
     async def _drop(self, uid: str, why: str) -> None:
         """A claim with a spec and no lease that is not allocated here: its spec and

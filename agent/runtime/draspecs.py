@@ -82,7 +82,7 @@ class SpecKeeper:
 
     def write(self, kept: KeptSpec) -> Path:
         self.keep_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_spec(self.keep_dir, kept.claim_uid, kept.record())
+        write_spec(self.keep_dir, kept.claim_uid, kept.record(), durable=True)
         return write_spec(self.cdi_dir, kept.claim_uid, kept.spec)
 
     def remove(self, claim_uid: str) -> bool:
@@ -134,7 +134,7 @@ class SpecKeeper:
         spec = rebuild(kept) or kept.spec
         if spec != kept.spec:
             kept = KeptSpec(uid, tuple(sorted(live_ids)), spec, kept.admin)
-            write_spec(self.keep_dir, uid, kept.record())
+            write_spec(self.keep_dir, uid, kept.record(), durable=True)
         if self._on_disk(uid) != spec:
             write_spec(self.cdi_dir, uid, spec)
             done.written.append(uid)

@@ -47,7 +47,9 @@ FAULT_EVENTS = ("mps.server_fatal", "gpu.xid", "gpu.ecc_double_bit", "gpu.fatal_
 
 def lost(event: Event) -> bool:
     """NVML says the GPU is lost: its unavailable-error event, or XID 79 (fallen off the
-    bus). It stays closed as gone until the agent restarts (a GPU reset or a reboot)."""
+    bus). The device is closed as gone (its slice device tainted NoExecute) until the
+    agent restarts, or until the presence check sees it listed again after it went
+    unlisted. Its leases are failed by the presence check once it is no longer listed."""
     return event.kind == "gpu.unavailable" or (
         event.kind == "gpu.xid" and str(event.attrs.get("data", "")) == "79"
     )

@@ -106,10 +106,12 @@ class Owed(Generic[T]):
         try:
             while True:
                 debt.nudged.clear()  # a nudge during the try: the next one at once
-                if await self._try(debt):
-                    return
+                settled = await self._try(debt)
                 debt.tries += 1
-                await debt.wait(next(delays_s))
+                if settled and not debt.nudged.is_set():
+                    return
+                if not settled:  # owed again during a try that settled: no wait
+                    await debt.wait(next(delays_s))
         finally:
             del self._debts[key], self._tasks[key]
 

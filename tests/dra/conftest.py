@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.kubeapi.rest import RestKubeApi
-from tests.certs import make_token
-from tests.dra.fixtures import NODE, TOKEN
+from tests.dra.fixtures import (
+    NODE,
+    TOKEN,
+    driver_overrides,
+    kube,  # noqa: F401 (a fixture: importing it registers it here)
+)
 from tests.kube.apiserver import FakeApiServer
 
 
@@ -29,23 +32,7 @@ def kube_timeout_s() -> float:
 
 
 @pytest.fixture
-async def kube(api: FakeApiServer, kube_timeout_s: float) -> AsyncIterator[RestKubeApi]:
-    async with RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=kube_timeout_s) as adapter:
-        yield adapter
-
-
-@pytest.fixture
 def driver_settings(root: Path, api: FakeApiServer) -> dict[str, object]:
     """Settings for :func:`tests.helpers.sim_settings`; the token file they name is
     written under ``root``."""
-    make_token(root / "api-token", TOKEN)
-    return {
-        "runtime.node_name": NODE,
-        "dra.enabled": True,
-        "dra.plugin_dir": str(root / "plugin"),
-        "dra.registry_dir": str(root / "registry"),
-        "dra.cdi_dir": str(root / "cdi"),
-        "dra.api_server": api.url,
-        "dra.api_token_file": str(root / "api-token"),
-        "dra.slice_min_interval_s": 0.05,
-    }
+    return {**driver_overrides(root, api.url), "dra.slice_min_interval_s": 0.05}

@@ -1,18 +1,52 @@
 """Builders of resource.k8s.io/v1 objects, as the API returns them, for the DRA stand-ins'
 tests: devices with gpushare.io's capacities, slices, classes, claims and requests; the
-driver, node and API token those tests share (tests/dra/conftest.py's ``api``)."""
+driver, node and API token those tests share (tests/dra/conftest.py's ``api``); ``kube``,
+the REST client over the conftest's ``api`` (a fixture the conftests import), and the
+settings that make an agent a node's DRA driver."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from agent.kubeapi.rest import RestKubeApi
+from tests.certs import make_token
+
+if TYPE_CHECKING:
+    from tests.kube.apiserver import FakeApiServer
 
 Obj = dict[str, Any]
 DRIVER = "gpushare.io"
 NODE = "node-a"
 TOKEN = "t"  # the API stand-in's bearer token
 API = "resource.k8s.io/v1"
+
+
+@pytest.fixture
+async def kube(api: FakeApiServer, kube_timeout_s: float) -> AsyncIterator[RestKubeApi]:
+    """The REST client over ``api``, waiting ``kube_timeout_s`` for an answer (both the
+    conftest's fixtures)."""
+    async with RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=kube_timeout_s) as adapter:
+        yield adapter
+
+
+def driver_overrides(root: Path, api_url: str, *, token: str = TOKEN) -> dict[str, object]:
+    """Settings that make an agent the DRA driver of node ``NODE``, publishing to the API
+    at ``api_url`` with ``token``, whose file is written under ``root``."""
+    make_token(root / "api-token", token)
+    return {
+        "runtime.node_name": NODE,
+        "dra.enabled": True,
+        "dra.plugin_dir": str(root / "plugin"),
+        "dra.registry_dir": str(root / "registry"),
+        "dra.cdi_dir": str(root / "cdi"),
+        "dra.api_server": api_url,
+        "dra.api_token_file": str(root / "api-token"),
+    }
 
 
 def memory(value: str = "80Gi", *, default: str | None = "1Gi", step: str = "1Gi") -> Obj:

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent.kubeapi.rest import RestKubeApi
+from tests.dra.fixtures import (
+    TOKEN,
+    kube,  # noqa: F401 (a fixture: importing it registers it here)
+)
 from tests.kube.apiserver import FakeApiServer
-
-TOKEN = "t"
 
 
 @pytest.fixture
@@ -23,9 +24,3 @@ async def api() -> AsyncIterator[FakeApiServer]:
 @pytest.fixture
 def kube_timeout_s() -> float:
     return 1.0
-
-
-@pytest.fixture
-async def kube(api: FakeApiServer, kube_timeout_s: float) -> AsyncIterator[RestKubeApi]:
-    async with RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=kube_timeout_s) as adapter:
-        yield adapter

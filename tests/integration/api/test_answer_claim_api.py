@@ -24,7 +24,7 @@ from agent.client import AgentClient
 from agent.core.errors import ValidationError
 from agent.core.lease import CLAIM_OWNER
 from agent.runtime.app import App
-from tests.certs import make_token
+from tests.dra.fixtures import driver_overrides
 from tests.helpers import fake_ports, running_app, short_dir, sim_settings
 from tests.kube.apiserver import FakeApiServer
 
@@ -44,7 +44,6 @@ async def agent(root: Path) -> AsyncIterator[tuple[App, str]]:
     tokens = root / "tokens"
     tokens.write_text(f"binding-controller {token}\n")
     os.chmod(tokens, 0o600)
-    make_token(root / "api-token", API_TOKEN)
     async with FakeApiServer(token=API_TOKEN) as api:
         api.create_node(NODE)
         settings = sim_settings(
@@ -54,13 +53,7 @@ async def agent(root: Path) -> AsyncIterator[tuple[App, str]]:
                 "api.tcp_listen": "127.0.0.1:0",
                 "api.token_file": str(tokens),
                 "api.insecure_loopback": True,
-                "runtime.node_name": NODE,
-                "dra.enabled": True,
-                "dra.plugin_dir": str(root / "plugin"),
-                "dra.registry_dir": str(root / "registry"),
-                "dra.cdi_dir": str(root / "cdi"),
-                "dra.api_server": api.url,
-                "dra.api_token_file": str(root / "api-token"),
+                **driver_overrides(root, api.url, token=API_TOKEN),
             },
         )
         async with running_app(settings, fake_ports(1)) as app:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.errors import MpsError
 from agent.core.types import Device
 from agent.core.units import GIB, MIB
 from agent.gpu.fake import FakeGpuBackend
@@ -185,6 +186,67 @@ async def test_a_trust_domain_change_empties_the_directory_and_sets_the_defaults
         assert "mps.shm_domain_changed" in events.kinds()
         assert shmstate.sees(pid_of(manager, A), str(here)) is True  # the same daemon
         assert await manager.claim_shm(B, "team-a") == str(root / "shm" / B)  # per device
+
+
+async def test_a_domain_change_whose_defaults_fail_is_done_again_by_the_next_claim(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new domain is recorded last: a change whose defaults step failed leaves the old
+    domain, so the next claim of the new one does the change again instead of handing the
+    directory out with defaults a tenant may have changed."""
+    manager, _events = manager_of(options(FAKE_BINARY, root, probe_interval_s=60.0))
+    async with started(manager, DEVICES):
+        supervisor = manager.supervisor(A)
+        assert await manager.claim_shm(A, "team-a")
+        apply_defaults = supervisor.apply_defaults
+        applied: list[str] = []
+
+        async def failing() -> None:
+            applied.append("failed")
+            raise MpsError("the defaults could not be set")
+
+        monkeypatch.setattr(supervisor, "apply_defaults", failing)
+        with pytest.raises(MpsError):
+            await manager.claim_shm(A, "team-b")
+        assert shmstate.domain_of(supervisor.options.shm, A) == "team-a"
+
+        async def counted() -> None:
+            applied.append("set")
+            await apply_defaults()
+
+        monkeypatch.setattr(supervisor, "apply_defaults", counted)
+        assert await manager.claim_shm(A, "team-b")
+        assert applied == ["failed", "set"]
+        assert shmstate.domain_of(supervisor.options.shm, A) == "team-b"
+
+
+async def test_a_domain_change_whose_caller_is_cancelled_runs_to_its_end(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kubelet deadline cancels the claim during the change: the change still ends whole
+    (emptied, defaults set, domain recorded) before another claim sees the directory."""
+    manager, _events = manager_of(options(FAKE_BINARY, root, probe_interval_s=60.0))
+    async with started(manager, DEVICES):
+        supervisor = manager.supervisor(A)
+        here = root / "shm" / A
+        assert await manager.claim_shm(A, "team-a")
+        (here / "team-a-file").write_bytes(b"x")
+        apply_defaults = supervisor.apply_defaults
+        entered = asyncio.Event()
+
+        async def slow() -> None:
+            entered.set()
+            await asyncio.sleep(0.3)
+            await apply_defaults()
+
+        monkeypatch.setattr(supervisor, "apply_defaults", slow)
+        claim = asyncio.ensure_future(manager.claim_shm(A, "team-b"))
+        await entered.wait()
+        claim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await claim
+        assert shmstate.domain_of(supervisor.options.shm, A) == "team-b"
+        assert os.listdir(here) == []
 
 
 async def test_a_trust_domain_change_shuts_the_servers_down_first(
