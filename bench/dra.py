@@ -416,7 +416,11 @@ class Bench:
 
     async def creator(self, spawn: Callable[[Awaitable[None]], None]) -> None:
         self.first_create = time.monotonic()
-        for plan in self.plans:
+        pace_per_s = getattr(self.args, "create_per_s", 0.0)  # --scale's steady rate
+        for index, plan in enumerate(self.plans):
+            if pace_per_s > 0:
+                due = self.first_create + index / pace_per_s
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
             while self.created - self.settled >= self.args.window:
                 self.wake.clear()
                 await self.wake.wait()
@@ -906,6 +910,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--scale-nodes", type=_ints, default=(4, 16, 48), help="--scale: node counts (4,16,48)")
     add("--pods-per-node", type=int, default=40, help="--scale: pods per node (40)")
     add("--window-per-node", type=int, default=4, help="--scale: unbound pods per node (4)")
+    add(
+        "--pods-per-node-per-s",
+        type=float,
+        default=0.25,
+        help="--scale: pods created a second per node, the same at every size (0.25; 0: as "
+        "fast as the window lets)",
+    )
     add("--foreign-claims", type=int, default=20000, help="--scale: other nodes' claims")
     add("--settle-s", type=float, default=5.0, help="--scale: before each memory reading")
     args = parser.parse_args(argv)

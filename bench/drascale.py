@@ -17,7 +17,10 @@ For each node count, one cluster (tests/dra/cluster.py), in order:
    times, more where needed for 100 pairs), that agent's CPU measured; then
    ``--noop-calls`` Pings to that agent alone (``--noop-callers`` callers), its CPU
    measured: ``cpu_ratio_quiet`` is the one over the other (per pair, per call);
-5. the churn of bench/dra.py: ``--pods-per-node`` pods per node, at most
+5. the churn of bench/dra.py: ``--pods-per-node`` pods per node, created at a steady
+   ``--pods-per-node-per-s`` a node (so that each agent gets the same work a second at
+   every size, and its time-based costs the same share of a pod; 0: as fast as the
+   harness goes, which on few cores is slower a node at more nodes), at most
    ``--window-per-node`` per node waiting unbound, every check of bench/dra.py (ledger reads
    every ``--sample-s``, 5 s at least here, and one per pod); each agent's CPU over the
    churn less its idle rate times the same span (from the one CPU reading to the other),
@@ -318,6 +321,7 @@ def _sized(args: argparse.Namespace, nodes: int) -> argparse.Namespace:
     sized.nodes = nodes
     sized.pods = args.pods_per_node * nodes
     sized.window = args.window_per_node * nodes
+    sized.create_per_s = args.pods_per_node_per_s * nodes
     sized.sample_s = max(args.sample_s, 5.0)
     return sized
 
@@ -593,6 +597,7 @@ def scale_summary(args: argparse.Namespace, runs: dict[int, Run]) -> Obj:
             "scale": True,
             "scale_nodes": sizes,
             "pods_per_node": args.pods_per_node,
+            "pods_per_node_per_s": args.pods_per_node_per_s,
             "foreign_claims": args.foreign_claims,
             "pods_by_nodes": pods_by,
             "start_s_by_nodes": {str(n): round(runs[n].start_s, 1) for n in sizes},

@@ -18,8 +18,10 @@ from typing import Any
 
 from agent.admission.sizing import Mode, SizingSpec, size
 from agent.api.proto import agent_pb2 as pb
+from agent.core import k8snames
 from agent.core.errors import ValidationError
 from agent.core.lease import CLAIM_REQUEST_PREFIX
+from agent.core.logsafe import quoted
 from agent.core.types import AdmissionRequest, JobAttributes, PriorityClass
 
 MAX_TEXT = 128
@@ -33,6 +35,8 @@ FORBIDDEN = frozenset(
 MAX_MEMORY_BYTES = 2**50  # 1 PiB: nothing real asks for more
 MIN_MEMORY_BYTES = 2**20  # MPS limits are whole MiB
 _ID_RE = re.compile(r"^[A-Za-z0-9._:/@+=-]+$")
+# the forbidden characters and Unicode's Cc (C0, DEL, C1): one search in C for a clean value
+_FORBIDDEN_RE = re.compile("[\x00-\x1f\x7f-\x9f" + "".join(sorted(FORBIDDEN)) + "]")
 PRIORITIES = {
     pb.GUARANTEED: PriorityClass.GUARANTEED,
     pb.BURSTABLE: PriorityClass.BURSTABLE,
@@ -42,17 +46,17 @@ PRIORITIES = {
 
 def shown(value: str, limit: int = MAX_SHOWN) -> str:
     """``value`` for a message: at most ``limit`` characters, then an ellipsis, repr-quoted
-    so that nothing in it is printed raw."""
-    cut = value if len(value) <= limit else value[:limit] + "…"
-    return repr(cut)
+    so that nothing in it is printed raw (:func:`agent.core.logsafe.quoted`)."""
+    return quoted(value, limit)
 
 
 def forbidden_character(value: str) -> str | None:
     """A description of the first control, separator or bidi character, else None."""
+    if _FORBIDDEN_RE.search(value) is None:
+        return None
     for position, ch in enumerate(value):
         if ch in FORBIDDEN or unicodedata.category(ch) == "Cc":
-            name = unicodedata.name(ch, "control character")
-            return f"U+{ord(ch):04X} ({name}) at position {position}"
+            return f"{k8snames.code_point(ch)} at position {position}"
     return None
 
 
@@ -142,22 +146,27 @@ def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
     )
 
 
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"  # a namespace (RFC 1123 label)
-_SUBDOMAIN_PART = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"  # a pod name: these, joined by dots
-_POD_RE = re.compile(rf"^{_DNS_LABEL}/{_SUBDOMAIN_PART}(\.{_SUBDOMAIN_PART})*$")
-
-
 def pod(value: str, field: str) -> str:
-    """``<namespace>/<name>``: a DNS label and a DNS subdomain (at most 253); empty for
-    none."""
-    name = value.partition("/")[2]
-    if value and (len(name) > 253 or not _POD_RE.match(clean(value, field))):
-        raise ValidationError(field, f"must be <namespace>/<pod name> (got {shown(value)})")
+    """``<namespace>/<name>``: a DNS-1123 label and a DNS-1123 subdomain
+    (:mod:`agent.core.k8snames`); empty for none."""
+    if not value:
+        return value
+    namespace, _, name = value.partition("/")
+    for part, rule, named in (
+        ("namespace", k8snames.NAMESPACE, namespace),
+        ("name", k8snames.OBJECT_NAME, name),
+    ):
+        fault = rule.fault(named)
+        if fault:
+            raise ValidationError(
+                field, f"must be <namespace>/<pod name>; its {part} {fault} (got {shown(value)})"
+            )
     return value
 
 
+# a pod UID here is the API server's own UUID: the agent finds it in cgroup paths
 _WORKLOAD_RE = re.compile(
-    r"^(pod:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    rf"^(pod:{k8snames.UUID_PATTERN}"
     r"|container:[0-9a-f]{12,64}"
     r"|unit:[A-Za-z0-9:_.\\@-]{1,240}\.(service|scope))$"
 )
@@ -271,13 +280,18 @@ def ttl(value: float, field: str = "ttl_s") -> float | None:
 
 
 MAX_CLAIM_BYTES = 4 * 1024 * 1024  # a ResourceClaim's JSON (etcd keeps objects far smaller)
-_NAMESPACE_RE = re.compile(rf"^{_DNS_LABEL}$")
-_NAME_RE = re.compile(rf"^{_SUBDOMAIN_PART}(\.{_SUBDOMAIN_PART})*$")
+_CLAIM_NAMES = (
+    ("uid", k8snames.UID),
+    ("namespace", k8snames.NAMESPACE),
+    ("name", k8snames.OBJECT_NAME),
+)
 
 
 def claim_json(data: bytes, field: str = "claim_json") -> dict[str, Any]:
     """A ResourceClaim sent as JSON: an object of at most 4 MiB whose metadata names it
-    (``uid``, ``namespace``, ``name``); what it allocates is read by the DRA driver."""
+    (``uid``, ``namespace``, ``name``, by :mod:`agent.core.k8snames`: the UID becomes part
+    of the driver's file names and request ids); what it allocates is read by the DRA
+    driver."""
     if not data:
         raise ValidationError(field, "is required (the ResourceClaim as JSON)")
     if len(data) > MAX_CLAIM_BYTES:
@@ -295,12 +309,13 @@ def claim_json(data: bytes, field: str = "claim_json") -> dict[str, Any]:
     meta = claim.get("metadata")
     if not isinstance(meta, dict):
         raise ValidationError(f"{field}.metadata", "is not an object")
-    identifier(_string(meta.get("uid"), f"{field}.metadata.uid"), f"{field}.metadata.uid")
-    for key, pattern, limit in (("namespace", _NAMESPACE_RE, 63), ("name", _NAME_RE, 253)):
-        value = _string(meta.get(key), f"{field}.metadata.{key}")
-        if len(value) > limit or not pattern.match(value):
+    for key, rule in _CLAIM_NAMES:
+        where = f"{field}.metadata.{key}"
+        value = _string(meta.get(key), where)
+        fault = rule.fault(value)
+        if fault:
             raise ValidationError(
-                f"{field}.metadata.{key}", f"is not a Kubernetes {key} (got {shown(value)})"
+                where, f"is not a Kubernetes {key}: it {fault} (got {shown(value)})"
             )
     return claim
 

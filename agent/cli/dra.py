@@ -30,6 +30,8 @@ from agent.core.errors import GpushareError
 
 log = logging.getLogger(__name__)
 
+MIN_STALL_S = 600.0  # twice the watch's timeout: an idle watch says nothing until then
+
 
 @click.group(context_settings=CONTEXT)
 def dra() -> None:
@@ -39,6 +41,19 @@ def dra() -> None:
 def _at_least_one(_ctx: click.Context, param: click.Parameter, value: int) -> int:
     if value < 1:
         raise click.BadParameter(f"{value} must be 1 or more", param=param)
+    return value
+
+
+def _listen_address(_ctx: click.Context, param: click.Parameter, value: str) -> str:
+    _host, colon, port = value.rpartition(":")
+    if value and (not colon or not port.isdigit() or int(port) > 65535):
+        raise click.BadParameter(f"{value!r} is not HOST:PORT", param=param)
+    return value
+
+
+def _stall(_ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if value < MIN_STALL_S:
+        raise click.BadParameter(f"{value:g} must be {MIN_STALL_S:g} or more", param=param)
     return value
 
 
@@ -66,12 +81,29 @@ def _at_least_one(_ctx: click.Context, param: click.Parameter, value: int) -> in
     default=32,
     show_default=True,
     callback=_at_least_one,
-    help="Claims answered at once (one agent call and one status write each).",
+    help="API calls at once for the claims' answers (a claim read again, a status write).",
+)
+@click.option(
+    "--per-node-concurrency",
+    type=int,
+    default=4,
+    show_default=True,
+    callback=_at_least_one,
+    help="AnswerClaim calls at once to one node's agent (a slow agent holds only these).",
+)
+@click.option(
+    "--list-page-size",
+    type=int,
+    default=500,
+    show_default=True,
+    callback=_at_least_one,
+    help="Claims per page when the claims are listed (limit and continue).",
 )
 @seconds_option(
     "--backoff-max-s",
     30.0,
-    "The longest wait between two tries of an answer not written (from 1 s, doubling).",
+    "The longest wait between two tries of an answer not written, or of a list or watch "
+    "of the claims that failed (from 1 s, doubling).",
 )
 @leader_options(
     elect_help="Work only in the replica that holds a coordination.k8s.io Lease (the others "
@@ -79,6 +111,22 @@ def _at_least_one(_ctx: click.Context, param: click.Parameter, value: int) -> in
     namespace_help="Namespace of the leader election's Lease (the controller's own).",
     lease="gpushare-dra-controller",
     identity=True,
+)
+@click.option(
+    "--http-listen",
+    default="",
+    metavar="HOST:PORT",
+    callback=_listen_address,
+    help="Serve /healthz, /readyz and /metrics here (0.0.0.0:9808 in a pod); '' none.",
+)
+@click.option(
+    "--stall-s",
+    type=float,
+    default=900.0,
+    show_default=True,
+    callback=_stall,
+    help="/healthz fails once the leader's list and watch of the claims made no progress "
+    "for this long (at least 600: an idle watch may be silent for its 300 s).",
 )
 @log_level_option()
 def dra_controller(**options: Any) -> None:
@@ -89,6 +137,10 @@ def dra_controller(**options: Any) -> None:
 
     An agent that cannot be reached leaves the answer owed (tried again); the scheduler's
     binding timeout deallocates a claim never answered.
+
+    With --http-listen: /healthz fails while this replica leads and its list and watch of
+    the claims are stuck (--stall-s); /readyz is ready in a standby replica, and in the
+    leader once it has listed the claims and while its list and watch work.
 
     Exits 2 on a bad option or when neither --api-server nor an in-cluster service account
     is there, 1 when it fails at run time.
@@ -114,8 +166,12 @@ def dra_controller(**options: Any) -> None:
             call_timeout_s=options["agent_timeout_s"],
         ),
         concurrency=options["concurrency"],
+        per_node_concurrency=options["per_node_concurrency"],
+        page_size=options["list_page_size"],
         backoff_max_s=max(options["backoff_max_s"], 1.0),
         leader=leader_from(options),
+        http_listen=options["http_listen"],
+        stall_s=options["stall_s"],
     )
     serve_until_stopped(_serve(options, controller))
 

@@ -202,16 +202,20 @@ def write_spec(
     *,
     durable: bool = False,
 ) -> Path:
-    """Write the claim's spec whole or not at all (a temporary file renamed over it, after
-    an fsync: a runtime never reads half a spec, a crash never leaves one); ``durable``:
-    the rename too survives a power cut (the directory synced)."""
+    """Write the claim's spec whole or not at all: a temporary file renamed over it, so a
+    runtime never reads half a spec. ``durable``: the file and its rename also survive a
+    power cut (both fsynced; blocking, call it off the event loop); without, a kill -9
+    of the agent keeps it (the kernel holds the write) and the agent writes again at
+    start what a power cut lost."""
     path = spec_path(cdi_dir, claim_uid)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")  # not *.json: runtimes skip it
+    text = json.dumps(spec, sort_keys=True)  # one line: the C encoder, not the indenting one
     with open(temporary, "w", encoding="utf-8") as out:
-        json.dump(spec, out, indent=1, sort_keys=True)
-        out.flush()
-        os.fsync(out.fileno())
+        out.write(text)
+        if durable:
+            out.flush()
+            os.fsync(out.fileno())
     os.chmod(temporary, 0o644)
     os.replace(temporary, path)
     if durable:

@@ -8,29 +8,14 @@ request ids, and all three are written into log lines."""
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.api.validate import forbidden_character, shown
+from agent.api.validate import shown
+from agent.core import k8snames
 
 DRIVER_NAME = "gpushare.io"
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-
-
-@dataclass(frozen=True, slots=True)
-class _Rule:
-    most: int
-    pattern: re.Pattern[str]
-    what: str
-
-
-NAMESPACE_RULE = _Rule(63, re.compile(_LABEL), "a DNS label: lowercase letters, digits and '-'")
-NAME_RULE = _Rule(
-    253, re.compile(rf"{_LABEL}(\.{_LABEL})*"), "a DNS subdomain: labels joined by '.'"
-)
-UID_RULE = _Rule(128, re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*"), "letters, digits and '._-'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,28 +33,17 @@ class ClaimRef:
 
 def claim_fault(ref: ClaimRef) -> str:
     """Why ``ref`` cannot name a ResourceClaim ("" when it can): the namespace must be a
-    DNS label, the name a DNS subdomain, the UID of letters, digits and ``._-``."""
+    DNS-1123 label, the name a DNS-1123 subdomain, the UID of letters, digits and ``._-``
+    (:mod:`agent.core.k8snames`: no ``/`` or ``:``, as it is part of file names and request
+    ids)."""
     for field, value, rule in (
-        ("namespace", ref.namespace, NAMESPACE_RULE),
-        ("name", ref.name, NAME_RULE),
-        ("uid", ref.uid, UID_RULE),
+        ("namespace", ref.namespace, k8snames.NAMESPACE),
+        ("name", ref.name, k8snames.OBJECT_NAME),
+        ("uid", ref.uid, k8snames.UID),
     ):
-        fault = _fault(value, rule)
+        fault = rule.fault(value)
         if fault:
             return f"invalid claim: its {field} {shown(value)} {fault}"
-    return ""
-
-
-def _fault(value: str, rule: _Rule) -> str:
-    if not value:
-        return "is empty"
-    if len(value) > rule.most:
-        return f"is longer than {rule.most} characters ({len(value)})"
-    found = forbidden_character(value)
-    if found is not None:
-        return f"holds a control, separator or bidirectional character: {found}"
-    if not rule.pattern.fullmatch(value):
-        return f"is not {rule.what}"
     return ""
 
 

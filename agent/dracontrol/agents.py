@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 import grpc.aio
@@ -64,6 +64,23 @@ class Targets(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class KnownNodes:
+    """The nodes that have an agent, as last read; ``version`` changes when they do."""
+
+    version: int
+    nodes: frozenset[str]
+
+
+@runtime_checkable
+class KnowsNodes(Protocol):
+    """Targets that can say which nodes they know (:class:`EndpointTargets`): the decider
+    closes the channels of nodes no longer among them. Others (a fixed map) keep their
+    channels until :meth:`AgentDecider.aclose`."""
+
+    def known(self) -> KnownNodes: ...
+
+
 class EndpointTargets:
     """Node -> its agent's address, from the agents' EndpointSlices: read again when the
     last read is ``interval_s`` old, or at once (at most once a second) for a node that
@@ -82,6 +99,7 @@ class EndpointTargets:
         self._options = options
         self._clock = clock
         self._known: dict[str, str] = {}
+        self._nodes = KnownNodes(0, frozenset())
         self._read_at: float | None = None
         self._lock = asyncio.Lock()
         self.reads = 0
@@ -103,6 +121,9 @@ class EndpointTargets:
             )
         return self._known[node]
 
+    def known(self) -> KnownNodes:
+        return self._nodes
+
     async def _read(self) -> None:
         options = self._options
         try:
@@ -115,7 +136,10 @@ class EndpointTargets:
         finally:
             self._read_at = self._clock()
         self.reads += 1
-        self._known = targets_from_slices(slices, port_name=options.port_name)
+        found = targets_from_slices(slices, port_name=options.port_name)
+        if found.keys() != self._known.keys():
+            self._nodes = KnownNodes(self._nodes.version + 1, frozenset(found))
+        self._known = found
 
 
 def connector(options: AgentsOptions) -> Connect:
@@ -147,16 +171,26 @@ def connector(options: AgentsOptions) -> Connect:
 
 class AgentDecider:
     """Asks the node's agent; one open channel per node, kept between asks, closed when
-    the node's agent has another address or at :meth:`aclose`."""
+    the node's agent has another address, when the node is no longer among the agents'
+    endpoints (with targets that say so: :class:`KnowsNodes`), or at :meth:`aclose`."""
 
     def __init__(self, targets: Targets, connect: Connect) -> None:
         self._targets = targets
         self._connect = connect
         # node -> (its agent's address, the link to it, what closes it)
         self._links: dict[str, tuple[str, AnswerLink, contextlib.AsyncExitStack]] = {}
+        self._pruned_at = 0  # the KnownNodes version the links were last pruned at
+
+    @property
+    def linked(self) -> frozenset[str]:
+        """The nodes whose agent has an open channel now."""
+        return frozenset(self._links)
 
     async def answer(self, node: str, claim: Obj) -> list[ShareAnswerValue]:
-        target = await self._targets.target(node)
+        try:
+            target = await self._targets.target(node)
+        finally:  # the read may have found nodes gone (this one too)
+            await self._prune()
         try:
             link = await self._link(node, target)
             reply = await link.answer_claim(claim)
@@ -180,8 +214,28 @@ class AgentDecider:
             await _closed(held[2])
         stack = contextlib.AsyncExitStack()
         link = await stack.enter_async_context(self._connect(target))
+        raced = self._links.pop(node, None)  # another ask opened one meanwhile
+        if raced is not None and raced[0] == target:
+            self._links[node] = raced
+            await _closed(stack)
+            return raced[1]
         self._links[node] = (target, link, stack)
+        if raced is not None:
+            await _closed(raced[2])
         return link
+
+    async def _prune(self) -> None:
+        """Close the channels of the nodes no longer known, once per change of them."""
+        if not isinstance(self._targets, KnowsNodes):
+            return
+        known = self._targets.known()
+        if known.version == self._pruned_at:
+            return
+        self._pruned_at = known.version
+        for node in [n for n in self._links if n not in known.nodes]:
+            if (held := self._links.pop(node, None)) is not None:
+                log.info("the agent of %s is no longer among the agents' endpoints", node)
+                await _closed(held[2])
 
     async def aclose(self) -> None:
         links, self._links = self._links, {}

@@ -19,9 +19,20 @@ scheduler's, another controller's) is a 409 and the claim is read again.
 
 Cost: the list and the watch carry every claim of the cluster, but only changes whose JSON
 mentions the driver (``"gpushare.io"``: its device class, its results) are decoded; the
-others pass as bookmarks. One task per claim owed, none for answered ones; a relist (at
-start, on 410 Gone, after a failure) wakes a claim's task rather than starting another,
-and a watch that ends at its timeout resumes from its resourceVersion without a relist.
+others pass as bookmarks. The list comes in pages (``page_size`` claims each, following
+``metadata.continue``; all pages one snapshot of the first page's resourceVersion, which
+the watch starts from), each page's claims considered as it comes; a continue token that
+expired between pages (410) lists again from the first page. One task per claim owed,
+none for answered ones; a relist (at start, on 410 Gone) wakes a claim's task rather than
+starting another, and a watch that ends at its timeout, or fails, resumes from its
+resourceVersion without a relist. A list or watch that fails is tried again after a
+backoff doubling from ``backoff_s`` to ``backoff_max_s``.
+
+Slots: ``concurrency`` API calls at once (the re-reads and status writes), and
+``per_node_concurrency`` asks at once to one node's agent (:mod:`agent.dracontrol.slots`):
+a slow or hung agent (each ask may take the call's timeout, twice) holds its own node's
+slots only, so the other nodes' claims are answered meanwhile. The follow loop's steps are
+recorded (:class:`agent.dracontrol.health.Progress`) for the probes.
 """
 
 from __future__ import annotations
@@ -29,42 +40,41 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from agent.dra.claims import (
-    ADMITTED,
-    REFUSED,
-    ClaimError,
-    Share,
-    allocation,
-    condition,
-    metadata,
-    pending_conditions,
-    with_device_status,
+from agent.dra.claims import REFUSED, Share, metadata, with_device_status
+from agent.dracontrol.answers import (
+    DRIVER,
+    answer_condition,
+    now_rfc3339,
+    raw_pending,
+    waiting_pools,
 )
+from agent.dracontrol.health import Progress
 from agent.dracontrol.port import ClaimsApi, Decider, ShareAnswerValue, Unreached
+from agent.dracontrol.slots import NodeSlots
 from agent.kubeapi.port import Conflict, Gone, KubeError, NotFound, Obj
-from agent.runtime.owed import Debt, Outcome, Owed
+from agent.runtime.owed import Debt, Outcome, Owed, doubling
 
 log = logging.getLogger(__name__)
 
-DRIVER = "gpushare.io"
-# metav1.Condition's reason
-_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+__all__ = ["DRIVER", "BindingController", "Counters", "answer_condition", "waiting_pools"]
+
+FRESH_LISTS = 3  # lists begun again at once when a continue token expires, before a backoff
 
 
 @dataclass
 class Counters:
-    """What the controller has done since it started (for the bench and the logs)."""
+    """What the controller has done since it started (for the bench, the logs, /metrics)."""
 
     claims_seen: int = 0  # claim objects decoded (listed, or in a watch event)
     events_skipped: int = 0  # watch events passed undecoded (claims not of the driver)
     bytes_decoded: int = 0  # their JSON's size, when measured (``measure_bytes``)
-    relists: int = 0
+    relists: int = 0  # lists begun from the first page
+    list_pages: int = 0
+    follow_failures: int = 0  # lists and watches that failed (then backed off)
     asks: int = 0  # AnswerClaim calls to the agents
     unreached: int = 0  # of which gave no answer
     answers_written: int = 0  # shares whose answer landed in a status write
@@ -72,57 +82,11 @@ class Counters:
     write_failures: int = 0  # status writes that failed (other than 409 and 404)
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def waiting_pools(claim: Mapping[str, Any], driver: str = DRIVER) -> list[str]:
-    """The pools (= nodes) where a result of ``driver`` waits for its binding condition,
-    in the order of the claim's results."""
-    found = allocation(claim) or {}
-    results = (found.get("devices") or {}).get("results") or []
-    pools = list(
-        dict.fromkeys(str(r.get("pool") or "") for r in results if r.get("driver") == driver)
-    )
-    waiting = []
-    for pool in pools:
-        try:
-            pending = bool(pending_conditions(claim, driver, pool))
-        except ClaimError:  # a result the agent will refuse: waiting all the same
-            pending = bool(_raw_pending(claim, driver, pool))
-        if pending:
-            waiting.append(pool)
-    return waiting
-
-
-def _raw_pending(claim: Mapping[str, Any], driver: str, pool: str) -> set[tuple[str, str]]:
-    """(device, shareID) of the results in ``pool`` that carry binding conditions and have
-    no answer yet, read without checking the results."""
-    found = allocation(claim) or {}
-    answered = {
-        (str(d.get("device") or ""), str(d.get("shareID") or ""))
-        for d in (claim.get("status") or {}).get("devices") or []
-        if d.get("driver") == driver and d.get("pool") == pool and d.get("conditions")
-    }
-    return {
-        (str(r.get("device") or ""), str(r.get("shareID") or ""))
-        for r in (found.get("devices") or {}).get("results") or []
-        if r.get("driver") == driver and r.get("pool") == pool and r.get("bindingConditions")
-    } - answered
-
-
-def answer_condition(answer: ShareAnswerValue, at: str) -> Obj:
-    """The condition written for the agent's answer: its reason where it is a valid
-    condition reason, else ``Admitted`` / ``Refused``; a message always."""
-    kind, default = (ADMITTED, "Admitted") if answer.admitted else (REFUSED, "Refused")
-    reason = answer.reason if _REASON.match(answer.reason) and len(answer.reason) <= 128 else ""
-    message = answer.message or ("admitted by the node's agent" if answer.admitted else "refused")
-    return condition(kind, reason or default, message, at)
-
-
 class BindingController:
     """Run :meth:`run` in the leader only (:class:`agent.kubeapi.leader.LeaderElector`):
-    cancelled, it stops every owed try at once."""
+    cancelled, it stops every owed try at once. ``concurrency`` bounds its API reads and
+    status writes at once; ``per_node_concurrency`` its asks at once to one node's agent
+    (a claim waiting for a busy node's agent holds no API slot meanwhile)."""
 
     def __init__(
         self,
@@ -131,22 +95,30 @@ class BindingController:
         *,
         driver: str = DRIVER,
         concurrency: int = 32,
+        per_node_concurrency: int = 4,
+        page_size: int = 500,
         backoff_s: float = 1.0,
         backoff_max_s: float = 30.0,
         watch_timeout_s: float = 300.0,
         measure_bytes: bool = False,
+        progress: Progress | None = None,
     ) -> None:
         self._api = api
         self._decider = decider
         self.driver = driver
         self._slots = asyncio.Semaphore(concurrency)
-        self._backoff_s = backoff_s
+        self.node_slots = NodeSlots(per_node_concurrency)
+        self._page_size = page_size
+        self._backoff_s, self._backoff_max_s = backoff_s, backoff_max_s
+        self._delays_s = doubling(backoff_s, backoff_max_s)
+        self._failing = False  # the last list or watch failed: backing off
         self._watch_timeout_s = watch_timeout_s
         self._measure = measure_bytes
         self._mentioning = json.dumps(driver)
         self._owed: Owed[Obj] = Owed(
             self._attempt, first_s=backoff_s, max_s=backoff_max_s, name=_task_name
         )
+        self.progress = progress or Progress(stall_s=max(3 * watch_timeout_s, 60.0))
         self.counters = Counters()
 
     @property
@@ -155,42 +127,86 @@ class BindingController:
         return len(self._owed)
 
     async def run(self) -> None:
-        """Follow the claims until cancelled (list, then watch from there)."""
+        """Follow the claims until cancelled: list (in pages), then watch from the list's
+        resourceVersion; a watch that ends resumes from where it was, a 410 Gone lists
+        again. A list or watch that fails is tried again after a backoff doubling from
+        ``backoff_s`` to ``backoff_max_s`` (a watch from where it was: no relist)."""
+        self.progress.began()
+        version = ""  # "": list (again) before watching
         try:
             while True:
                 try:
-                    await self._follow()
+                    version = version or await self._relisted()
+                    version = await self._watched(version)
                 except (KubeError, OSError) as exc:
-                    log.warning(
-                        "following ResourceClaims failed (%s); again in %.1fs", exc, self._backoff_s
-                    )
-                    await asyncio.sleep(self._backoff_s)
+                    await self._backed_off(exc)
         finally:
+            self.progress.ended()
             await self._owed.aclose()
 
-    async def _follow(self) -> None:
-        listing = await self._api.list_resource_claims()
-        self.counters.relists += 1
-        for claim in listing.items:
-            self._seen(claim)
-            self._consider(claim)
-        version = listing.resource_version
-        while True:
+    async def _backed_off(self, exc: BaseException) -> None:
+        delay_s = next(self._delays_s)
+        self._failing = True
+        self.counters.follow_failures += 1
+        self.progress.failed(str(exc))
+        log.warning("following ResourceClaims failed (%s); again in %.1fs", exc, delay_s)
+        await asyncio.sleep(delay_s)
+
+    def _stepped(self) -> None:
+        """A step forward: the next failure backs off from the start."""
+        if self._failing:
+            self._failing = False
+            self._delays_s = doubling(self._backoff_s, self._backoff_max_s)
+        self.progress.stepped()
+
+    async def _relisted(self) -> str:
+        """Every claim listed (and considered), page by page; the list's resourceVersion.
+        A continue token that expired between pages (410) lists again from the first page
+        at once, :data:`FRESH_LISTS` times at most in a row."""
+        for _ in range(FRESH_LISTS - 1):
             try:
-                async for event in self._api.watch_resource_claims(
-                    version, timeout_s=self._watch_timeout_s, mentioning=self._mentioning
-                ):
-                    version = str(metadata(event.obj).get("resourceVersion") or version)
-                    if event.kind == "BOOKMARK":
-                        self.counters.events_skipped += "kind" not in event.obj
-                        continue
-                    self._seen(event.obj)
-                    if event.kind == "DELETED":
-                        self._owed.nudge(_uid(event.obj))
-                    else:
-                        self._consider(event.obj)
-            except Gone:
-                return  # list again
+                return await self._listed()
+            except Gone as exc:
+                log.info("the claims' list expired between its pages (%s); listed again", exc)
+        return await self._listed()
+
+    async def _listed(self) -> str:
+        self.counters.relists += 1
+        version, token = "", ""
+        while True:
+            page = await self._api.list_resource_claims(limit=self._page_size, continue_token=token)
+            self.counters.list_pages += 1
+            self._stepped()
+            version = version or page.resource_version  # every page has the first one's
+            for claim in page.items:
+                self._seen(claim)
+                self._consider(claim)
+            token = page.continue_token
+            if not token:
+                self.progress.listed_all()
+                return version
+
+    async def _watched(self, version: str) -> str:
+        """Watch from ``version`` until the server ends the watch; the version to watch
+        from next, or "" to list again (410 Gone: too old)."""
+        try:
+            async for event in self._api.watch_resource_claims(
+                version, timeout_s=self._watch_timeout_s, mentioning=self._mentioning
+            ):
+                self._stepped()
+                version = str(metadata(event.obj).get("resourceVersion") or version)
+                if event.kind == "BOOKMARK":
+                    self.counters.events_skipped += "kind" not in event.obj
+                    continue
+                self._seen(event.obj)
+                if event.kind == "DELETED":
+                    self._owed.nudge(_uid(event.obj))
+                else:
+                    self._consider(event.obj)
+        except Gone:
+            return ""
+        self._stepped()  # ended at its timeout
+        return version
 
     def _seen(self, claim: Obj) -> None:
         self.counters.claims_seen += 1
@@ -207,16 +223,17 @@ class BindingController:
         """One try: on the watch's copy first (the newest seen), after that on the claim
         read again; a copy found stale is read again at once, once. True once nothing is
         owed."""
-        async with self._slots:
-            reread = debt.tries > 0
-            for _ in range(2):
-                outcome = await self._try(debt.item, reread=reread)
-                if outcome is not Outcome.STALE:
-                    return outcome is Outcome.SETTLED
-                reread = True
+        reread = debt.tries > 0
+        for _ in range(2):
+            outcome = await self._try(debt.item, reread=reread)
+            if outcome is not Outcome.STALE:
+                return outcome is Outcome.SETTLED
+            reread = True
         return False
 
     async def _try(self, copy: Obj, *, reread: bool) -> Outcome:
+        """Read (when ``reread``), ask each node's agent, write: the read and the write each
+        under one of the API slots, each ask under one of its node's slots only."""
         try:
             claim = await self._reread(copy) if reread else copy
         except KubeError as exc:
@@ -226,9 +243,8 @@ class BindingController:
             return Outcome.SETTLED  # gone: nothing to answer
         pools = waiting_pools(claim, self.driver)
         if not pools:
-            return (
-                Outcome.SETTLED
-            )  # answered (maybe by a write whose reply was lost), or not waiting
+            # answered (maybe by a write whose reply was lost), or not waiting
+            return Outcome.SETTLED
         asked = await asyncio.gather(*(self._ask(pool, claim) for pool in pools))
         answers = {pool: found for pool, found in zip(pools, asked, strict=True) if found}
         complete = all(asked)
@@ -242,14 +258,15 @@ class BindingController:
         """The agent of ``node``'s answers for its waiting shares, as entries to write; []
         when it gave none (not reached, or none of its answers matches a waiting share:
         the claim stays owed)."""
-        self.counters.asks += 1
         try:
-            said = await self._decider.answer(node, claim)
+            async with self.node_slots.held(node):
+                self.counters.asks += 1
+                said = await self._decider.answer(node, claim)
         except Unreached as exc:
             self.counters.unreached += 1
             log.warning("binding answer for claim %s on %s not had: %s", _key(claim), node, exc)
             return []
-        waiting = _raw_pending(claim, self.driver, node)
+        waiting = raw_pending(claim, self.driver, node)
         at = now_rfc3339()
         entries = [
             (_share(a), answer_condition(a, at)) for a in said if (a.device, a.share_id) in waiting
@@ -272,9 +289,10 @@ class BindingController:
             body = with_device_status(body, self.driver, pool, entries)
         meta = metadata(claim)
         try:
-            await self._api.replace_resource_claim_status(
-                str(meta.get("namespace") or ""), str(meta.get("name") or ""), body
-            )
+            async with self._slots:
+                await self._api.replace_resource_claim_status(
+                    str(meta.get("namespace") or ""), str(meta.get("name") or ""), body
+                )
         except (Conflict, NotFound):
             return Outcome.STALE  # changed or gone meanwhile: the answer may have landed
         except KubeError as exc:
@@ -296,9 +314,10 @@ class BindingController:
         """The claim as the API has it now; {} when it is gone or replaced."""
         meta = metadata(claim)
         try:
-            fresh = await self._api.get_resource_claim(
-                str(meta.get("namespace") or ""), str(meta.get("name") or "")
-            )
+            async with self._slots:
+                fresh = await self._api.get_resource_claim(
+                    str(meta.get("namespace") or ""), str(meta.get("name") or "")
+                )
         except NotFound:
             return {}
         return fresh if metadata(fresh).get("uid") == meta.get("uid") else {}

@@ -43,7 +43,10 @@ class ClaimsApi(Protocol):
 
     async def get_resource_claim(self, namespace: str, name: str) -> Obj: ...
 
-    async def list_resource_claims(self) -> Listing: ...
+    async def list_resource_claims(self, *, limit: int = 0, continue_token: str = "") -> Listing:
+        """One page (``limit`` > 0) of the claims of every namespace, from the page whose
+        listing gave ``continue_token``; raises Gone when that token expired."""
+        ...
 
     def watch_resource_claims(
         self, resource_version: str, *, timeout_s: float = 300.0, mentioning: str = ""

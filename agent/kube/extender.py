@@ -20,7 +20,6 @@ refused: ``Error``) stay HTTP 200.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from aiohttp import web
 
 from agent.admission.capacity import pending_lease
 from agent.admission.policy import DeviceView, Rules, decide, memory_left_bytes
+from agent.core import k8snames
 from agent.core.lease import LeaseState
 from agent.core.types import AdmissionRequest, Decision
 from agent.kube.annotations import AnnotationError, PodAsk, parse_ask
@@ -48,16 +48,12 @@ MEMO_SIZE = 4096
 MAX_ARGS_BYTES = 4 * 2**20
 MAX_ARGS_DEPTH = 64
 MAX_ARGS_VALUES = 100_000
-# Kubernetes' names: a DNS-1123 subdomain (nodes, pods), a label (namespaces)
-_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_UID_RE = re.compile(r"[A-Za-z0-9._:-]+")
-# binding argument (lower case) -> (its rule, its longest)
+# binding argument (lower case) -> its rule (agent.core.k8snames)
 _BINDING = {
-    "podnamespace": (_LABEL_RE, 63),
-    "podname": (_SUBDOMAIN_RE, 253),
-    "poduid": (_UID_RE, 128),
-    "node": (_SUBDOMAIN_RE, 253),
+    "podnamespace": k8snames.NAMESPACE,
+    "podname": k8snames.OBJECT_NAME,
+    "poduid": k8snames.UID,
+    "node": k8snames.OBJECT_NAME,
 }
 
 
@@ -243,24 +239,27 @@ def _item_name(item: object, where: str) -> str:
 
 
 def _node_name(value: object, where: str) -> str:
-    return _name(value, where, _SUBDOMAIN_RE, 253)
+    return _name(value, where, k8snames.OBJECT_NAME)
 
 
-def _name(value: object, where: str, rule: re.Pattern[str], longest: int) -> str:
+def _name(value: object, where: str, rule: k8snames.NameRule) -> str:
+    """``value`` when it is a string that keeps ``rule``, else :class:`MalformedArgs`
+    saying why."""
     if not isinstance(value, str):
         raise MalformedArgs(f"{where} must be a string (got a JSON {_json_type(value)})")
-    if not 0 < len(value) <= longest or not rule.fullmatch(value):
-        raise MalformedArgs(f"{where} is not a Kubernetes name (got {shown(value)})")
+    fault = rule.fault(value)
+    if fault:
+        raise MalformedArgs(f"{where} is not a Kubernetes name: it {fault} (got {shown(value)})")
     return value
 
 
 def _field(args: Mapping[str, Any], name: str) -> str:
     """kube-scheduler sends binding args by their Go field names; accept any case. Each is
     required, and must be a Kubernetes name (a namespace, a pod, a uid, a node)."""
-    rule, longest = _BINDING[name.lower()]
+    rule = _BINDING[name.lower()]
     for key, value in args.items():
         if key.lower() == name.lower():
-            return _name(value, name, rule, longest)
+            return _name(value, name, rule)
     raise MalformedArgs(f"{name} is missing")
 
 

@@ -48,6 +48,10 @@ class Gone(KubeError):
 class Listing:
     items: list[Obj]
     resource_version: str  # the list's: watch from here to miss nothing
+    # a page of a list asked for with a limit: the token of the next page ("" on the
+    # last), and how many items follow when the server says (it does without selectors)
+    continue_token: str = ""
+    remaining_items: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +148,18 @@ class ResourceApi(Protocol):
     async def get_resource_claim(self, namespace: str, name: str) -> Obj: ...
 
     async def list_resource_claims(
-        self, *, field_selector: str = "", namespace: str = ""
+        self,
+        *,
+        field_selector: str = "",
+        namespace: str = "",
+        limit: int = 0,
+        continue_token: str = "",
     ) -> Listing:
-        """Claims of ``namespace``; of every namespace when it is ""."""
+        """Claims of ``namespace``; of every namespace when it is "". With ``limit`` (> 0),
+        one page of at most that many, and the next page's ``continue_token`` in the
+        listing ("" on the last); every page of one list has the first page's
+        resourceVersion. A token whose version the server forgot raises :class:`Gone`:
+        list again from the first page."""
         ...
 
     def watch_resource_claims(

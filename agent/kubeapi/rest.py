@@ -7,6 +7,7 @@ statuses into the port's exceptions."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 
 from kubernetes_asyncio.client import NodeV1Api
 
@@ -14,6 +15,25 @@ from agent.kubeapi.connection import PATCH_CONTENT_TYPES, ApiConnection, listing
 from agent.kubeapi.port import Listing, Obj, PatchKind, WatchEvent
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def paging(limit: int, continue_token: str) -> dict[str, int | str]:
+    """The query of one page of a list (none without a limit or a token)."""
+    query: dict[str, int | str] = {"limit": limit} if limit > 0 else {}
+    if continue_token:
+        query["_continue"] = continue_token  # the generated client's name for ``continue``
+    return query
+
+
+def page_of(listed: Obj) -> Listing:
+    """A list (or one page of it): its items, its resourceVersion, the next page's token."""
+    meta = listed.get("metadata") or {}
+    remaining = meta.get("remainingItemCount")
+    return replace(
+        listing_of(listed),
+        continue_token=str(meta.get("continue") or ""),
+        remaining_items=remaining if isinstance(remaining, int) else None,
+    )
 
 
 class RestKubeApi(ApiConnection):
@@ -143,20 +163,23 @@ class RestKubeApi(ApiConnection):
         return await self._call(self._resource().read_namespaced_resource_claim, name, namespace)
 
     async def list_resource_claims(
-        self, *, field_selector: str = "", namespace: str = ""
+        self,
+        *,
+        field_selector: str = "",
+        namespace: str = "",
+        limit: int = 0,
+        continue_token: str = "",
     ) -> Listing:
+        query = {**selectors(field_selector, ""), **paging(limit, continue_token)}
         if namespace:
             listed = await self._call(
-                self._resource().list_namespaced_resource_claim,
-                namespace,
-                **selectors(field_selector, ""),
+                self._resource().list_namespaced_resource_claim, namespace, **query
             )
         else:
             listed = await self._call(
-                self._resource().list_resource_claim_for_all_namespaces,
-                **selectors(field_selector, ""),
+                self._resource().list_resource_claim_for_all_namespaces, **query
             )
-        return listing_of(listed)
+        return page_of(listed)
 
     def watch_resource_claims(
         self, resource_version: str, *, timeout_s: float = 300.0, mentioning: str = ""

@@ -67,15 +67,7 @@ class DaemonKeeper:
         removed = proc.clear_stale_files(self.paths.pipe_dir)
         if removed:
             log.info("MPS host: removed %s of a dead daemon", ", ".join(removed))
-        self.process = await shm.spawn(
-            self.options.binary,
-            self.env,
-            self.paths,
-            self.device.uuid,
-            multi_user=self.options.multi_user,
-            options=self.options.shm,
-            isolation=self.isolation,
-        )
+        self.process = await shm.spawn(self.options, self.env, self.paths, isolation=self.isolation)
         self.starts += 1
         log.info("MPS host: started daemon %d of %s", self.process.pid, self.device.uuid)
         return self.process

@@ -44,11 +44,15 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent.mps import daemon as proc
 from agent.mps import shmexec
 from agent.mps.limits import DaemonPaths
 from agent.mps.shmstate import DOMAINS, OFF, ROOT_MODE, Isolation, ShmOptions, record_path
+
+if TYPE_CHECKING:
+    from agent.mps.supervisor import SupervisorOptions
 
 log = logging.getLogger(__name__)
 
@@ -239,29 +243,28 @@ def launch_prefix(
 
 
 async def spawn(
-    binary: str,
+    options: SupervisorOptions,
     env: Mapping[str, str],
     paths: DaemonPaths,
-    device_uuid: str,
     *,
-    multi_user: bool,
-    options: ShmOptions,
     isolation: Isolation,
 ) -> proc.DaemonProcess:
-    """Start the device's daemon with the shared memory ``isolation`` allows (through
-    :mod:`agent.mps.shmexec`, which writes its record); a record left by a predecessor goes
-    first, so that none outlives its daemon."""
-    prefix = await asyncio.to_thread(_prepare_launch, options, isolation, device_uuid, paths)
-    return await proc.DaemonProcess.spawn(binary, env, paths, multi_user=multi_user, prefix=prefix)
+    """Start the daemon of ``paths.device_uuid`` (``options.binary``, ``multi_user``) with
+    the shared memory ``isolation`` allows (through :mod:`agent.mps.shmexec`, which writes
+    its record); a record left by a predecessor goes first, so that none outlives its
+    daemon. The one start of a daemon, whoever keeps it: the agent's supervisor
+    (:class:`agent.mps.shmclaim.DeviceMemory`) or ``gpushare mps host``."""
+    prefix = await asyncio.to_thread(_prepare_launch, options.shm, isolation, paths)
+    return await proc.DaemonProcess.spawn(
+        options.binary, env, paths, multi_user=options.multi_user, prefix=prefix
+    )
 
 
-def _prepare_launch(
-    options: ShmOptions, isolation: Isolation, device_uuid: str, paths: DaemonPaths
-) -> list[str]:
+def _prepare_launch(options: ShmOptions, isolation: Isolation, paths: DaemonPaths) -> list[str]:
     """The old record removed and the device's directory made (a tmpfs mounted, the
     mount table read): blocking, in a worker thread."""
     record = record_path(paths.base)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(record)
-    prefix, _given = launch_prefix(options, isolation, device_uuid, record)
+    prefix, _given = launch_prefix(options, isolation, paths.device_uuid, record)
     return prefix

@@ -38,15 +38,7 @@ class DeviceMemory:
     async def spawn(self) -> proc.DaemonProcess:
         """Start the device's daemon with the shared memory this process can give it."""
         s = self._s
-        return await shm.spawn(
-            s.options.binary,
-            s.env,
-            s.paths,
-            s.device.uuid,
-            multi_user=s.options.multi_user,
-            options=s.options.shm,
-            isolation=self.isolation,
-        )
+        return await shm.spawn(s.options, s.env, s.paths, isolation=self.isolation)
 
     def why_down(self, reason: str) -> str:
         """Why the daemon went down, as the health loop tells it."""

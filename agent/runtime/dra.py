@@ -40,6 +40,7 @@ from agent.runtime.claims import (
     ShareAsk,
     ShareLeases,
     claim_leases,
+    claim_uid_of,
     one_share_per_request,
     share_of,
 )
@@ -157,9 +158,9 @@ class ClaimDriver:
 
     def remember_claim(self, uid: str, namespace: str, name: str) -> None:
         """Keep the claim's name on the node (:mod:`agent.runtime.draindex`) before a
-        lease of it is admitted (the binding answer calls it first): durable when it
-        returns; an OSError or ValueError means admit nothing. Blocking (an fsynced
-        write, once per claim: the same name again is a lookup): call it off the loop."""
+        lease of it is admitted (the binding answer calls it first); an OSError or
+        ValueError means admit nothing. A small write and a rename, once per claim (the
+        same name again is a lookup)."""
         self.specs.index.remember(uid, namespace, name)
 
     # -- Prepare ----------------------------------------------------------------------
@@ -218,8 +219,8 @@ class ClaimDriver:
         admitted: list[tuple[Share, Lease]] = []
         fresh: list[str] = []
         try:
-            # its name, durable before its first lease: the reconcile reads it by name
-            await asyncio.to_thread(self.specs.index.remember, ref.uid, ref.namespace, ref.name)
+            # its name, on the node before its first lease: the reconcile reads it by name
+            self.specs.index.remember(ref.uid, ref.namespace, ref.name)
             for ask in asks:
                 had = self.leases.live(ref.uid, ask.share)
                 lease = await self._admit(ask)
@@ -227,7 +228,10 @@ class ClaimDriver:
                 if had is None:
                     fresh.append(lease.lease_id)
             await self._claim_shm([x for _, x in admitted])
-            await asyncio.to_thread(self._write_spec, ref.uid, admitted, admin)
+            if admin:  # its record is synced to the disk: off the loop
+                await asyncio.to_thread(self._write_spec, ref.uid, admitted, admin)
+            else:  # a few syscalls, no fsync: cheaper here than a thread hop
+                self._write_spec(ref.uid, admitted, admin)
         except (ClaimError, GpushareError, OSError) as exc:
             await self._give_back(ref, fresh)
             raise ClaimError(str(exc)) from exc
@@ -335,8 +339,13 @@ class ClaimDriver:
                 log.warning("CDI spec of claim %s not rebuilt (%s)", kept.claim_uid, exc)
                 return None
 
-        done = await asyncio.to_thread(self.specs.restore, live, rebuild)
-        for what, uids in (("written again", done.written), ("dropped", done.dropped)):
+        leased = {claim_uid_of(x.request_id) or "" for x in leases if x.held_by_claim} - {""}
+        done = await asyncio.to_thread(self.specs.restore, live, rebuild, leased)
+        for what, uids in (
+            ("written again", done.written),
+            ("dropped", done.dropped),
+            ("rebuilt from the ledger", done.rebuilt),
+        ):
             if uids:
                 log.info("CDI specs %s at start: %d claim(s)", what, len(uids))
         return done
@@ -356,8 +365,8 @@ class ClaimDriver:
     async def _unprepare_locked(self, ref: ClaimRef) -> None:
         async with self.leases.claim_lock(ref.uid):
             await self.leases.release_claim(ref.uid, "unprepared by the kubelet")
-            await asyncio.to_thread(self.specs.remove, ref.uid)
-            await asyncio.to_thread(self.specs.index.forget, ref.uid)
+            self.specs.remove(ref.uid)  # unlinks: no thread hop
+            self.specs.index.forget(ref.uid)
 
     async def _unprepare_one(self, ref: ClaimRef) -> str:
         try:

@@ -15,7 +15,6 @@ same answer and the same leases.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -124,7 +123,7 @@ async def _remember(driver: ClaimDriver, claim: Mapping[str, Any], uid: str) -> 
     meta = metadata(claim)
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     try:
-        await asyncio.to_thread(driver.remember_claim, uid, namespace, name)
+        driver.remember_claim(uid, namespace, name)  # a small write: no thread hop
     except ValueError as exc:
         raise ValidationError(f"{FIELD}.metadata", f"cannot be kept on the node: {exc}") from None
     except OSError as exc:

@@ -3,13 +3,14 @@ state directory, beside the claims' kept specs (``<state_dir>/cdi/claims/<uid>.j
 
 The kubelet names a claim by namespace, name and UID; the ledger knows a claim only by
 its UID (in its leases' request ids). The claim reconcile reads each claim of the node by
-name, one GET each, so the name must outlive the agent: it is written, fsynced and renamed
-into place (then the directory fsynced) *before* the claim's first lease is admitted (at
-Prepare, and at the binding answer), so a lease never exists whose claim's name the node
-has lost, whatever crash comes between. It is removed once the claim holds neither a live
-lease nor a spec (Unprepare, the reconcile's release, or the reconcile's sweep of entries
-left by a Prepare or an answer that admitted nothing): the index is bounded by the node's
-claims.
+name, one GET each, so the name must outlive the agent: it is renamed into place *before*
+the claim's first lease is admitted (at Prepare, and at the binding answer), so a lease
+never exists whose claim's name a kill -9 of the agent has lost. It is not synced to the
+disk (only the ledger is, at every change): an entry a power cut loses is found again by
+the reconcile through its leases' pod, as for a lease of the previous release. It is
+removed once the claim holds neither a live lease nor a spec (Unprepare, the reconcile's
+release, or the reconcile's sweep of entries left by a Prepare or an answer that admitted
+nothing): the index is bounded by the node's claims.
 
 It sits beside the kept specs because it has their lifetime and their home: what the
 agent keeps per claim across restarts and reboots, under the state directory (not in
@@ -18,8 +19,9 @@ spec could not hold it: the spec is written after the admissions.
 
 Leases of the previous release have no entry: the reconcile finds their claims' names
 otherwise (:mod:`agent.runtime.drareconcile`) and writes them here.
-Blocking: call off the event loop (:meth:`ClaimIndex.remember` of a name already known is
-a dictionary lookup)."""
+:meth:`ClaimIndex.remember` is a small write and a rename (a name already known, a
+dictionary lookup) and :meth:`ClaimIndex.forget` an unlink: cheaper on the event loop
+than a thread hop."""
 
 from __future__ import annotations
 
@@ -27,15 +29,15 @@ import contextlib
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.core.k8snames import UID
+
 log = logging.getLogger(__name__)
 
 VERSION = 1
-_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a file name, never a path
 SUFFIX = ".json"
 
 
@@ -47,21 +49,21 @@ class ClaimName:
 
 
 class ClaimIndex:
-    """Claim UID -> its namespace and name, durable. Blocking: call off the event loop."""
+    """Claim UID -> its namespace and name, kept across restarts of the agent."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self._known: dict[str, tuple[str, str]] = {}  # written by this process, unchanged
 
     def path(self, uid: str) -> Path:
-        if not _UID.fullmatch(uid):
+        if not UID.holds(uid):  # a file name, never a path
             raise ValueError(f"not a claim UID: {uid[:64]!r}")
         return self.directory / f"{uid}{SUFFIX}"
 
     def remember(self, uid: str, namespace: str, name: str) -> bool:
-        """Write the claim's entry durably (a no-op when this process wrote the same);
-        True when it wrote. Raises OSError (and ValueError for a UID that is no file
-        name): the lease must then not be admitted."""
+        """Write the claim's entry (a no-op when this process wrote the same); True when
+        it wrote. Raises OSError (and ValueError for a UID that is no file name): the
+        lease must then not be admitted."""
         if self._known.get(uid) == (namespace, name):
             return False
         path = self.path(uid)
@@ -75,11 +77,8 @@ class ClaimIndex:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.tmp")
         with open(temporary, "w", encoding="utf-8") as out:
-            json.dump(record, out, sort_keys=True)
-            out.flush()
-            os.fsync(out.fileno())
+            out.write(json.dumps(record, sort_keys=True))
         os.replace(temporary, path)
-        self._sync_directory()
         self._known[uid] = (namespace, name)
         return True
 
@@ -111,22 +110,10 @@ class ClaimIndex:
             return {
                 p.name[: -len(SUFFIX)]
                 for p in self.directory.iterdir()
-                if p.name.endswith(SUFFIX) and _UID.fullmatch(p.name[: -len(SUFFIX)])
+                if p.name.endswith(SUFFIX) and UID.holds(p.name[: -len(SUFFIX)])
             }
         return set()
 
     def entries(self) -> dict[str, ClaimName | None]:
         """Every entry, None for one that cannot be read."""
         return {uid: self.get(uid) for uid in sorted(self.uids())}
-
-    def _sync_directory(self) -> None:
-        """The rename made durable (a crash after it keeps the entry)."""
-        try:
-            fd = os.open(self.directory, os.O_RDONLY)
-        except OSError as exc:  # pragma: no cover - a platform without directory fds
-            log.debug("claim index directory not synced: %s", exc)
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

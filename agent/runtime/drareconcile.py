@@ -192,21 +192,15 @@ class Reconciler:
         return now.listed[namespace]
 
     async def _release(self, uid: str, lease_ids: list[str], started: float) -> None:
-        released = await run_to_end(
+        await run_to_end(
             self._release_locked(uid, lease_ids, started), what=f"reconcile of claim {uid}"
         )
-        self.released += len(released)
-        if released:
-            self._driver.note(
-                "dra.claim_gone",
-                f"claim {uid}: shares no longer allocated here; released {', '.join(released)}",
-                {"metadata": {"uid": uid}},
-            )
 
-    async def _release_locked(self, uid: str, lease_ids: list[str], started: float) -> list[str]:
+    async def _release_locked(self, uid: str, lease_ids: list[str], started: float) -> None:
         """Under the claim's lock, the leases older than the pass that are still live, then
-        its spec and index entry once it holds none: as one unit (a stop in between would
-        leave a spec and an entry of a claim without leases)."""
+        its spec and index entry once it holds none, counted and told: as one unit (a stop
+        in between would leave a spec and an entry of a claim without leases, or a release
+        nobody explains)."""
         leases = self._driver.leases
         async with leases.claim_lock(uid):
             still = [
@@ -216,15 +210,21 @@ class Reconciler:
             ]
             released = await leases.release(still, uid, "its claim is gone from this node")
             if not self._holds_leases(uid):
-                await asyncio.to_thread(self._forget, uid)
-        return released
+                self._forget(uid)
+        self.released += len(released)
+        if released:
+            self._driver.note(
+                "dra.claim_gone",
+                f"claim {uid}: shares no longer allocated here; released {', '.join(released)}",
+                {"metadata": {"uid": uid}},
+            )
 
     async def _drop(self, uid: str, why: str) -> None:
         """A claim with a spec and no lease that is not allocated here: its spec and
         index entry go."""
         async with self._driver.leases.claim_lock(uid):
             if not self._holds_leases(uid):
-                await asyncio.to_thread(self._forget, uid)
+                self._forget(uid)
                 log.info("claim %s: spec removed (%s)", uid, why)
 
     async def _sweep(self, uid: str, name: ClaimName | None, now: _Pass) -> None:
@@ -247,7 +247,8 @@ class Reconciler:
         )
 
     def _forget(self, uid: str) -> None:
-        """Spec first, then the name (a crash between leaves a name, swept later)."""
+        """Spec first, then the name (a crash between leaves a name, swept later): unlinks,
+        on the event loop."""
         self._driver.specs.remove(uid)
         self._driver.specs.index.forget(uid)
 

@@ -13,6 +13,15 @@ A record is written before the CDI file and removed after it: a crash between th
 leaves a record, never a CDI file the agent has forgotten. Specs of the previous release
 (a CDI file, no record) get a record at start when their claim holds live leases.
 
+Only the ledger is synced to the disk at every change (its leases survive a power cut).
+A record, its CDI file and the claim's index entry are renamed into place without an
+fsync: a kill -9 keeps them (the kernel holds the writes), and what a power cut loses is
+derived again from the ledger at start: a claim with live leases and no readable record
+gets its record and spec rebuilt from its leases (:meth:`SpecKeeper.restore`'s
+``leased``), and the reconcile finds a lost index entry's claim through its leases' pod
+(:mod:`agent.runtime.drareconcile`). A record that holds ``adminAccess`` devices is the
+exception: those have no lease to rebuild them from, so it is written durably.
+
 Beside the records, in ``claims/``, the claims' names (:mod:`agent.runtime.draindex`)."""
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ class Restored:
     dropped: list[str] = field(default_factory=list)  # leases all ended: record and file gone
     adopted: list[str] = field(default_factory=list)  # a previous release's file, recorded
     unreadable: list[str] = field(default_factory=list)  # a record that cannot be read
+    rebuilt: list[str] = field(default_factory=list)  # live leases, no record: from the ledger
 
 
 Rebuild = Callable[[KeptSpec], Mapping[str, Any] | None]
@@ -72,7 +82,9 @@ def _as_kept(_kept: KeptSpec) -> None:
 
 
 class SpecKeeper:
-    """Writes, removes and restores the claims' specs. Blocking: call off the event loop."""
+    """Writes, removes and restores the claims' specs. :meth:`write` of a spec without
+    ``adminAccess`` devices and :meth:`remove` are a few syscalls with no fsync (cheaper
+    on the event loop than a thread hop); the rest blocks: call it off the event loop."""
 
     def __init__(self, cdi_dir: str | os.PathLike[str], keep_dir: str | os.PathLike[str]) -> None:
         self.cdi_dir = Path(cdi_dir)
@@ -81,9 +93,16 @@ class SpecKeeper:
         self.index = ClaimIndex(self.keep_dir / "claims")
 
     def write(self, kept: KeptSpec) -> Path:
+        """The record, then the CDI file; the record synced to the disk only when it
+        holds ``adminAccess`` devices (nothing else could rebuild them)."""
         self.keep_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_spec(self.keep_dir, kept.claim_uid, kept.record(), durable=True)
+        write_spec(self.keep_dir, kept.claim_uid, kept.record(), durable=self.durable(kept))
         return write_spec(self.cdi_dir, kept.claim_uid, kept.spec)
+
+    @staticmethod
+    def durable(kept: KeptSpec) -> bool:
+        """Whether writing ``kept`` syncs to the disk (blocking: off the event loop)."""
+        return bool(kept.admin)
 
     def remove(self, claim_uid: str) -> bool:
         """Remove the claim's CDI file, then its record; False when there was no file."""
@@ -109,21 +128,40 @@ class SpecKeeper:
         return KeptSpec(claim_uid, lease_ids, spec, admin) if isinstance(spec, dict) else None
 
     def restore(
-        self, live: Callable[[str], Iterable[str]], rebuild: Rebuild = _as_kept
+        self,
+        live: Callable[[str], Iterable[str]],
+        rebuild: Rebuild = _as_kept,
+        leased: Iterable[str] = (),
     ) -> Restored:
         """Write again every kept spec still in use; ``live(claim_uid)`` gives the ids of
         the claim's live leases, ``rebuild`` the spec as the agent writes it now (None:
-        the kept copy as it was)."""
+        the kept copy as it was), ``leased`` the claims with live leases: one of them
+        with no record (a power cut lost it) gets its spec rebuilt from its leases."""
         done = Restored()
-        for uid in sorted(spec_claims(self.keep_dir)):
+        recorded = spec_claims(self.keep_dir)
+        for uid in sorted(recorded):
             self._restore_one(uid, set(live(uid)), rebuild, done)
-        for uid in sorted(spec_claims(self.cdi_dir) - spec_claims(self.keep_dir)):
+        for uid in sorted(spec_claims(self.cdi_dir) - recorded):
             self._adopt(uid, list(live(uid)), rebuild, done)
+        for uid in sorted(set(leased) - recorded - set(done.adopted)):
+            self._from_leases(uid, list(live(uid)), rebuild, done)
         return done
+
+    def _from_leases(self, uid: str, live_ids: list[str], rebuild: Rebuild, done: Restored) -> bool:
+        """The claim's record and spec built again from its live leases; False when it
+        has none or they cannot be built."""
+        spec = rebuild(KeptSpec(uid, tuple(live_ids), {})) if live_ids else None
+        if not spec:
+            return False
+        self.write(KeptSpec(uid, tuple(sorted(live_ids)), spec))
+        done.rebuilt.append(uid)
+        return True
 
     def _restore_one(self, uid: str, live_ids: set[str], rebuild: Rebuild, done: Restored) -> None:
         kept = self.kept(uid)
         if kept is None:
+            if self._from_leases(uid, sorted(live_ids), rebuild, done):
+                return
             log.warning("the kept CDI spec of claim %s cannot be read; left as it is", uid)
             done.unreadable.append(uid)
             return

@@ -9,6 +9,7 @@ and a relist starts no second task."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,29 +127,49 @@ class Row:
     leases: int  # distinct shares the agent admitted (asked again: the same)
     full: frozenset[str] = frozenset()
     confirmed: bool = True  # the write that landed was answered (counted as written)
+    # the level of the "not written" lines: transient failures warn; the API refusing the
+    # write (RBAC, validation: a person must act) is an error; None: no such line
+    logged: int | None = None
 
 
+ERROR, WARNING = logging.ERROR, logging.WARNING
 ROWS = {
     "done": Row(None, 1, ADMITTED, 1),
     # RBAC or validation: logged, tried again with backoff until it is fixed
-    "refused by the API, then allowed": Row(injected(403, 6, reason="Forbidden"), 7, ADMITTED, 1),
-    "failed, not done": Row(injected(503, 6), 7, ADMITTED, 1),
+    "refused by the API, then allowed": Row(
+        injected(403, 6, reason="Forbidden"), 7, ADMITTED, 1, logged=ERROR
+    ),
+    "invalid (422), then taken": Row(
+        injected(422, 6, reason="Invalid"), 7, ADMITTED, 1, logged=ERROR
+    ),
+    # the API server's rate limit (or its priority and fairness): transient, a warning
+    "too many requests (429), then taken": Row(
+        injected(429, 6, reason="TooManyRequests"), 7, ADMITTED, 1, logged=WARNING
+    ),
+    "failed, not done": Row(injected(503, 6), 7, ADMITTED, 1, logged=WARNING),
     # read again: found answered, not written twice
-    "failed but done": Row(injected(500, landed=True), 1, ADMITTED, 1, confirmed=False),
-    "timed out, done": Row(injected(0, hang=True, landed=True), 1, ADMITTED, 1, confirmed=False),
-    "timed out, not done": Row(injected(0, hang=True), 2, ADMITTED, 1),
+    "failed but done": Row(
+        injected(500, landed=True), 1, ADMITTED, 1, confirmed=False, logged=WARNING
+    ),
+    "timed out, done": Row(
+        injected(0, hang=True, landed=True), 1, ADMITTED, 1, confirmed=False, logged=WARNING
+    ),
+    "timed out, not done": Row(injected(0, hang=True), 2, ADMITTED, 1, logged=WARNING),
     "conflict: changed meanwhile": Row(meanwhile(relabelled), 2, ADMITTED, 1),
     "not found: deleted meanwhile": Row(
         meanwhile(lambda api: api.delete_object("resourceclaims", "ns", "c")), 1, None, 1
     ),
-    "a refusal, its write failing": Row(injected(503, 6), 7, REFUSED, 0, frozenset({"gpu-0"})),
+    "a refusal, its write failing": Row(
+        injected(503, 6), 7, REFUSED, 0, frozenset({"gpu-0"}), logged=WARNING
+    ),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
 async def test_each_outcome_of_the_status_write(
-    api: FakeApiServer, kube: RestKubeApi, row: Row
+    api: FakeApiServer, kube: RestKubeApi, row: Row, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="agent.dracontrol.controller")
     agents = Agents(full=row.full)
     async with controlling(kube, agents) as controller, asyncio.TaskGroup() as faults:
         if row.fault is not None:
@@ -166,6 +187,8 @@ async def test_each_outcome_of_the_status_write(
     written = 1 if row.answer is not None and row.confirmed else 0
     assert controller.counters.answers_written == written
     assert controller.counters.refusals_written == (written if row.full else 0)
+    levels = {r.levelno for r in caplog.records if "not written" in r.getMessage()}
+    assert levels == ({row.logged} if row.logged is not None else set())
 
 
 # -- owed ----------------------------------------------------------------------------------
@@ -187,6 +210,39 @@ async def test_an_answer_owed_through_an_outage_is_written_once_the_api_recovers
         await until(lambda: bool(conditions(api)), timeout_s=3.0)
         await until(lambda: not controller.owing)
     assert conditions(api) == ADMITTED
+    assert len(agents.leases) == 1 and controller.counters.answers_written == 1
+
+
+CLAIM = r"/namespaces/ns/resourceclaims/c$"  # the GET of claim ns/c (read again)
+
+
+def rereads(api: FakeApiServer) -> int:
+    return sum(1 for method, p, _ in api.log if method == "GET" and p.endswith("/resourceclaims/c"))
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [{"status": 500}, {"status": 0, "hang": True}],
+    ids=["failed (500)", "timed out"],
+)
+async def test_a_claim_whose_read_again_fails_stays_owed_until_the_api_answers(
+    api: FakeApiServer, kube: RestKubeApi, fault: dict[str, Any]
+) -> None:
+    """The first write fails, so the next try reads the claim first; those reads fail (or
+    get no answer within the client's timeout) for a while: nothing is asked or written
+    meanwhile, and once the reads go through the claim is answered, once."""
+    agents = Agents()
+    api.fail_next("PUT", STATUS, 503)
+    outage = api.fail_next("GET", CLAIM, times=FOREVER, **fault)
+    async with controlling(kube, agents) as controller:
+        api.put_object("resourceclaims", claim("c", "gpu-0"))
+        await until(lambda: rereads(api) >= 3, timeout_s=15.0)
+        assert controller.owing == 1 and status_writes(api) == 1 and not conditions(api)
+        assert len(agents.asks) == 1  # not asked again before the claim is read
+        api.faults.remove(outage)
+        await until(lambda: bool(conditions(api)), timeout_s=5.0)
+        await until(lambda: not controller.owing)
+    assert conditions(api) == ADMITTED and status_writes(api) == 2
     assert len(agents.leases) == 1 and controller.counters.answers_written == 1
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -16,7 +17,8 @@ import grpc.aio
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from agent.dracontrol.agents import AgentDecider, AgentsOptions, EndpointTargets
+from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.dracontrol.agents import AgentDecider, AgentsOptions, EndpointTargets, connector
 from agent.dracontrol.controller import BindingController
 from agent.dracontrol.port import Unreached
 from agent.kubeapi.leader import LeaderElector, LeaderOptions
@@ -25,6 +27,7 @@ from tests.dracontrol.helpers import NODE, Agents, claim, conditions, until
 from tests.kube.apiserver import FakeApiServer
 
 LEASE = ("gpushare-system", "gpushare-dra-controller")
+FOREVER = 10**6
 
 
 def fast(identity: str) -> LeaderOptions:
@@ -171,3 +174,137 @@ async def test_the_real_decider_finds_agents_by_their_endpoint_slices(
 
 def options_where(options: AgentsOptions) -> tuple[str, str]:
     return options.namespace, options.service
+
+
+async def test_the_channels_of_nodes_gone_from_the_endpoint_slices_are_closed(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    options = AgentsOptions(discovery_interval_s=60.0)
+    targets = EndpointTargets(kube, options)
+    links: list[FakeLink] = []
+
+    def connect(target: str) -> FakeLink:
+        links.append(FakeLink(target, {}))
+        return links[-1]
+
+    decider = AgentDecider(targets, connect)
+    where = options_where(options)
+    try:
+        api.set_endpoints(*where, [("node-a", "10.0.0.1"), ("node-b", "10.0.0.2")], port=9807)
+        await decider.answer("node-a", claim("c", "gpu-0", node="node-a"))
+        await decider.answer("node-b", claim("d", "gpu-0", node="node-b"))
+        assert decider.linked == {"node-a", "node-b"}
+        api.set_endpoints(*where, [("node-b", "10.0.0.2")], port=9807)  # node-a's agent left
+        targets._read_at = None  # the interval passed
+        await decider.answer("node-b", claim("d", "gpu-0", node="node-b"))
+        assert decider.linked == {"node-b"}
+        assert [(link.target, link.closed) for link in links] == [
+            ("10.0.0.1:9807", True),
+            ("10.0.0.2:9807", False),
+        ]
+        with pytest.raises(Unreached, match="no ready agent on node node-a"):
+            await decider.answer("node-a", claim("c", "gpu-0", node="node-a"))
+        api.set_endpoints(*where, [], port=9807)  # every agent gone: found by an ask of one
+        targets._read_at = None
+        with pytest.raises(Unreached):
+            await decider.answer("node-b", claim("d", "gpu-0", node="node-b"))
+        assert decider.linked == frozenset() and all(link.closed for link in links)
+        assert len(links) == 2  # nothing opened again for the nodes gone
+    finally:
+        await decider.aclose()
+
+
+async def test_the_endpoint_slices_failing_at_the_first_read_and_after_a_good_one(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    """No read yet: the node is Unreached (never a refusal). After a good read, a failed
+    one keeps the targets last known, read again at the next interval."""
+    options = AgentsOptions(discovery_interval_s=10.0)
+    now = [0.0]
+    targets = EndpointTargets(kube, options, clock=lambda: now[0])
+    slices = r"/namespaces/gpushare-system/endpointslices"
+    api.set_endpoints(*options_where(options), [(NODE, "10.0.0.7")], port=9807)
+    outage = api.fail_next("GET", slices, 500, times=FOREVER)
+    with pytest.raises(Unreached, match="the agents' endpoints are not known: 500"):
+        await targets.target(NODE)
+    api.faults.remove(outage)
+    now[0] = 1.0  # an unknown node reads again at most once a second
+    assert await targets.target(NODE) == "10.0.0.7:9807"
+    known = targets.known()
+    assert known.nodes == {NODE}
+    api.fail_next("GET", slices, 503, times=FOREVER)
+    now[0] = 20.0  # the interval passed: read again, and that read fails
+    assert await targets.target(NODE) == "10.0.0.7:9807"  # the last known kept
+    assert targets.known() == known and targets.reads == 1
+    assert api.requests["list"] == 3
+
+
+# -- a real agent that never answers ------------------------------------------------------
+
+
+class SilentAgent(pb_grpc.AgentServicer):
+    """The agent's gRPC service on loopback whose AnswerClaim hangs (past any deadline)
+    until ``answering`` is set, then admits every waiting share."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.answering = False
+
+    async def AnswerClaim(
+        self, request: pb.AnswerClaimRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AnswerClaimResponse:
+        self.calls += 1
+        if not self.answering:
+            await asyncio.Event().wait()  # cancelled when the caller's deadline passes
+        found = json.loads(request.claim_json)
+        results = found["status"]["allocation"]["devices"]["results"]
+        return pb.AnswerClaimResponse(
+            answers=[
+                pb.ShareAnswer(
+                    device=r["device"], share_id=r["shareID"], admitted=True, reason="Admitted"
+                )
+                for r in results
+            ]
+        )
+
+
+@contextlib.asynccontextmanager
+async def silent_agent() -> AsyncIterator[tuple[SilentAgent, int]]:
+    server = grpc.aio.server()
+    servicer = SilentAgent()
+    pb_grpc.add_AgentServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield servicer, port
+    finally:
+        await server.stop(0)
+
+
+async def test_an_agent_past_its_deadline_is_unreached_and_its_claim_stays_owed(
+    api: FakeApiServer, kube: RestKubeApi
+) -> None:
+    """The real decider over real gRPC: DEADLINE_EXCEEDED is Unreached, so the claim stays
+    owed (asked again, no status written, never a refusal) until the agent answers."""
+    options = AgentsOptions(insecure=True, call_timeout_s=0.2)
+    async with silent_agent() as (agent, port):
+        api.set_endpoints(*options_where(options), [(NODE, "127.0.0.1")], port=port)
+        decider = AgentDecider(EndpointTargets(kube, options), connector(options))
+        try:
+            with pytest.raises(Unreached, match="DEADLINE_EXCEEDED"):
+                await decider.answer(NODE, claim("x", "gpu-0"))
+            controller = BindingController(kube, decider, backoff_s=0.05, backoff_max_s=0.2)
+            running = asyncio.create_task(controller.run())
+            try:
+                api.put_object("resourceclaims", claim("c", "gpu-0"))
+                await until(lambda: controller.counters.unreached >= 3, timeout_s=5.0)
+                assert controller.owing == 1 and not conditions(api, "c")
+                assert not any(m == "PUT" for m, _, _ in api.log)  # nothing written
+                agent.answering = True
+                await until(lambda: bool(conditions(api, "c")), timeout_s=5.0)
+                assert conditions(api, "c") == [("gpu-0", "gpushare.io/admitted", "Admitted")]
+            finally:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+        finally:
+            await decider.aclose()

@@ -12,9 +12,21 @@ string of an integer, set on an object by every write to it).
 What it does as the real server does:
 
 - Lists (``PodList`` ...) carry ``metadata.resourceVersion``; their items have no
-  ``kind``/``apiVersion`` (single objects and watch events do). They always serve the
-  current state ("not older than" semantics); ``resourceVersionMatch=Exact`` is honoured
-  only for the current version, and an older one is a plain ``410 Expired`` response.
+  ``kind``/``apiVersion`` (single objects and watch events do), in the order of their
+  storage keys (``namespace/name``). Without a ``resourceVersion`` (or ``0``, or with
+  ``NotOlderThan``) they serve the current state; ``resourceVersionMatch=Exact`` (and, as
+  the legacy rule has it, a ``resourceVersion`` with a ``limit``) the state at that version,
+  rebuilt from the history: one compacted away is a plain ``410 Expired`` response.
+- Pages (``limit``, ``continue``): a list with ``limit`` sends at most that many items and,
+  when more follow, ``metadata.continue``, an opaque token (as the real server's: unpadded
+  URL-safe base64 of ``{"v": "meta.k8s.io/v1", "rv": <revision>, "start": <next key>}``),
+  and ``metadata.remainingItemCount`` unless a selector was given. Every page of one list
+  reads the first page's revision, so all carry its ``resourceVersion`` and together are
+  one consistent snapshot, whatever changed meanwhile. A token whose revision was
+  compacted away (:meth:`FakeApiServer.compact`, or the history's bound) is ``410 Expired``
+  whose ``Status`` carries, in ``metadata.continue``, a token that goes on from the same
+  key in the latest state (an inconsistent list); a token the server did not make, or one
+  sent with a ``resourceVersion``, is a 400.
 - Watches (``watch=1``/``true`` on a list path) stream newline-delimited events of every
   change after ``resourceVersion`` (none or ``0``: an ``ADDED`` per existing object first),
   then live ones, until ``timeoutSeconds`` or the client goes. A selector is applied to the
@@ -79,7 +91,10 @@ Where it is simpler than the real server (and says so):
   other ``$`` directives are ignored). ``metadata.finalizers`` is replaced, not unioned.
 - No kubelet: graceful termination is only recorded (``deletionTimestamp``), never waited
   for; no admission, no defaulting beyond the usual pod fields, no managedFields, no
-  pagination (``limit`` is ignored, as a server may), no protobuf.
+  protobuf.
+- Pages: a page with a selector holds ``limit`` matching items (the real server may send
+  fewer, even none, with a continue token, since it counts the keys it read); ``limit`` is
+  honoured with ``resourceVersion=0`` too (the real server's watch cache may ignore it).
 - resource.k8s.io: no defaulting (a real server fills in e.g. ``allocationMode``), no
   feature gates (a real server drops the fields of disabled ones), CEL selectors are not
   compiled, quantities are echoed as sent (not canonicalized), messages of decoding errors
@@ -103,10 +118,13 @@ timeout whose write happened anyway, as etcd or a proxy in between can leave it)
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextvars
 import functools
 import json
 import logging
+import posixpath
 import re
 import secrets
 import ssl
@@ -164,11 +182,13 @@ def timestamp(offset_s: float = 0.0) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
+def status_body(
+    code: int, reason: str, message: str, details: Obj | None = None, meta: Obj | None = None
+) -> Obj:
     body: Obj = {
         "kind": "Status",
         "apiVersion": "v1",
-        "metadata": {},
+        "metadata": dict(meta or {}),
         "status": "Failure",
         "message": message,
         "reason": reason,
@@ -180,14 +200,22 @@ def status_body(code: int, reason: str, message: str, details: Obj | None = None
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, message: str, reason: str = "", details: Obj | None = None):
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        reason: str = "",
+        details: Obj | None = None,
+        meta: Obj | None = None,
+    ):
         super().__init__(message)
         self.code, self.message = code, message
         self.reason = reason or REASONS.get(code, "Unknown")
         self.details = details
+        self.meta = meta  # the Status's ListMeta (an expired continue's new token)
 
     def body(self) -> Obj:
-        return status_body(self.code, self.reason, self.message, self.details)
+        return status_body(self.code, self.reason, self.message, self.details, self.meta)
 
     def response(self) -> web.Response:
         return web.json_response(self.body(), status=self.code)
@@ -1779,22 +1807,74 @@ class FakeApiServer:
         selector = _selector(kind, q)
         if _flag(q.get("watch")):
             return await self._watch(kind, namespace, selector, request)
-        version = q.get("resourceVersion", "")
-        if version not in ("", "0"):
-            wanted = _int(version, "resourceVersion")
-            if wanted > self.version:
-                raise ApiError(
-                    504, f"Too large resource version: {wanted}, current: {self.version}"
-                )
-            if q.get("resourceVersionMatch") == "Exact" and wanted != self.version:
-                raise ApiError(410, f"too old resource version: {wanted} ({self.version})")
+        limit = _int(q.get("limit") or "0", "limit")
+        start, revision = self._list_start(q, limit)
+        chosen = sorted(
+            (_list_key(key, namespace), obj)
+            for key, obj in self._state_at(kind, revision, start).items()
+            if (not namespace or key[0] == namespace) and selector.matches(obj)
+        )
+        after = [(key, obj) for key, obj in chosen if key >= start] if start else chosen
+        page = after[:limit] if limit > 0 else after
         # serialized before anything can change them: no copies needed
-        listing = self._list_of(kind, self._matching(kind, namespace, selector))
+        listing = self._list_of(kind, (obj for _, obj in page), revision or self.version)
+        if len(page) < len(after):  # more: the next page from just after this one's last key
+            meta = listing["metadata"]
+            meta["continue"] = encode_continue(page[-1][0] + "\x00", revision or self.version)
+            if selector == Selector():  # unknown with a selector, as on the real server
+                meta["remainingItemCount"] = len(after) - len(page)
         if kind is RESOURCE_CLAIMS and (asker := _ASKER.get()) is not None:
             for item in listing["items"]:
                 self._count_claim(asker.client, item, self._claim_size(item))
             asker.counted = True
         return web.json_response(listing)
+
+    def _list_start(self, q: Mapping[str, str], limit: int) -> tuple[str, int]:
+        """(the key a list starts at, "" for the first; the revision it reads, 0 for the
+        current state), from its ``continue``, ``resourceVersion`` and
+        ``resourceVersionMatch``, as the real server's storage reads them."""
+        version = q.get("resourceVersion", "")
+        if token := q.get("continue", ""):
+            start, revision = decode_continue(token)
+            if version not in ("", "0"):
+                raise ApiError(
+                    400, "specifying resource version is not allowed when using continue"
+                )
+            return start, max(revision, 0)  # -1: an inconsistent token, the latest state
+        if version in ("", "0"):
+            return "", 0
+        wanted = _int(version, "resourceVersion")
+        if wanted > self.version:
+            raise ApiError(504, f"Too large resource version: {wanted}, current: {self.version}")
+        match = q.get("resourceVersionMatch", "")
+        if match == "Exact" or (match == "" and limit > 0):  # the legacy paged case: exact
+            return "", wanted
+        return "", 0  # NotOlderThan: the current state is not older
+
+    def _state_at(self, kind: Kind, revision: int, start: str = "") -> dict[Key, Obj]:
+        """The objects of ``kind`` as they were at ``revision`` (0 or the current one: as
+        they are), rebuilt from the history; 410 Expired when it was compacted away (a
+        continue token's: with a token that goes on from ``start`` in the latest state)."""
+        stored = self.objects[kind.resource]
+        if not revision or revision == self.version:
+            return stored
+        if revision < self.floor:
+            if start:
+                token = encode_continue(start, -1)
+                raise ApiError(410, EXPIRED_CONTINUE, meta={"continue": token})
+            raise ApiError(410, f"too old resource version: {revision} ({self.floor + 1})")
+        state = dict(stored)
+        for change in reversed(self.history):
+            if change.version <= revision:
+                break
+            if change.resource != kind.resource:
+                continue
+            key = (change.obj["metadata"].get("namespace", ""), change.obj["metadata"]["name"])
+            if change.type == "ADDED":
+                state.pop(key, None)
+            elif change.old is not None:
+                state[key] = change.old
+        return state
 
     def _matching(self, kind: Kind, namespace: str, selector: Selector) -> list[Obj]:
         """The stored objects in ``namespace`` (all: "") that ``selector`` selects, in
@@ -1805,12 +1885,13 @@ class FakeApiServer:
             if (not namespace or ns == namespace) and selector.matches(obj)
         ]
 
-    def _list_of(self, kind: Kind, objects: Iterable[Obj]) -> Obj:
-        """A ``<Kind>List`` (its items have no kind/apiVersion) at the current version."""
+    def _list_of(self, kind: Kind, objects: Iterable[Obj], version: int = 0) -> Obj:
+        """A ``<Kind>List`` (its items have no kind/apiVersion) at ``version`` (0: the
+        current one)."""
         return {
             "kind": f"{kind.kind}List",
             "apiVersion": kind.api_version,
-            "metadata": {"resourceVersion": str(self.version)},
+            "metadata": {"resourceVersion": str(version or self.version)},
             "items": [
                 {k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in objects
             ],
@@ -2450,6 +2531,54 @@ def _int(text: str, what: str) -> int:
         return int(text)
     except ValueError:
         raise ApiError(400, f"invalid {what}: {text!r}") from None
+
+
+# -- lists in pages (``limit`` and ``continue``) --------------------------------------------
+
+CONTINUE_VERSION = "meta.k8s.io/v1"
+_INVALID_CONTINUE = "invalid continue token: continue key is not valid"
+EXPIRED_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. You "
+    "can start a new list without the continue parameter, or use the continue token in this "
+    "response to retrieve the remainder of the results. Continuing with the provided token "
+    "results in an inconsistent list - objects that were created, modified, or deleted "
+    "between the time the first chunk was returned and now may show up in the list."
+)
+
+
+def _list_key(key: Key, namespace: str) -> str:
+    """An object's storage key below the list's prefix (etcd's order is this string's): its
+    name in one namespace or cluster-scoped, ``namespace/name`` across namespaces."""
+    ns, name = key
+    return name if namespace or not ns else f"{ns}/{name}"
+
+
+def encode_continue(start: str, revision: int) -> str:
+    """The real server's continue token: unpadded URL-safe base64 of ``{"v", "rv",
+    "start"}``, the key to go on from and the revision every page reads (-1: the latest)."""
+    token = json.dumps(
+        {"v": CONTINUE_VERSION, "rv": revision, "start": start}, separators=(",", ":")
+    )
+    return base64.urlsafe_b64encode(token.encode()).rstrip(b"=").decode()
+
+
+def decode_continue(token: str) -> tuple[str, int]:
+    """(start key, revision) of a continue token; a 400 for one the server did not make."""
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (ValueError, binascii.Error) as exc:
+        raise ApiError(400, f"{_INVALID_CONTINUE}: {exc}") from None
+    if not isinstance(decoded, dict) or decoded.get("v") != CONTINUE_VERSION:
+        raise ApiError(400, f"{_INVALID_CONTINUE}: server does not recognize this encoded version")
+    revision, start = decoded.get("rv"), decoded.get("start")
+    if not isinstance(revision, int) or revision == 0:
+        raise ApiError(400, f"{_INVALID_CONTINUE}: incorrect encoded start resourceVersion")
+    if not isinstance(start, str) or not start:
+        raise ApiError(400, f"{_INVALID_CONTINUE}: encoded start key empty")
+    key = start if start.startswith("/") else f"/{start}"
+    if posixpath.normpath(key) != key:  # no climbing out of the list's prefix
+        raise ApiError(400, f"{_INVALID_CONTINUE}: {start}")
+    return key[1:], revision
 
 
 async def _json(request: web.Request) -> Any:

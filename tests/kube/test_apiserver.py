@@ -389,15 +389,21 @@ async def test_the_history_is_bounded(api: FakeApiServer, raw: Raw) -> None:
     assert len(events) == 45
 
 
-async def test_a_list_of_an_exact_old_version_is_410(api: FakeApiServer, raw: Raw) -> None:
+async def test_a_list_of_an_exact_old_version_is_that_version_until_compacted(
+    api: FakeApiServer, raw: Raw
+) -> None:
     api.create_pod("a", NS)
     api.create_pod("b", NS)
     params = {"resourceVersion": "1", "resourceVersionMatch": "Exact"}
     status, body = await raw.call("GET", "/api/v1/pods", params=params)
-    assert status == 410
-    assert_status(body, 410, "Expired")
+    assert status == 200 and [p["metadata"]["name"] for p in body["items"]] == ["a"]
+    assert body["metadata"]["resourceVersion"] == "1"
     status, body = await raw.call("GET", "/api/v1/pods", params={"resourceVersion": "1"})
     assert status == 200 and len(body["items"]) == 2  # not older than: the current state
+    api.compact()
+    status, body = await raw.call("GET", "/api/v1/pods", params=params)
+    assert status == 410
+    assert_status(body, 410, "Expired")
 
 
 async def test_bookmarks_go_only_to_watches_that_ask(api: FakeApiServer, raw: Raw) -> None:

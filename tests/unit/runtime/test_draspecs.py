@@ -4,7 +4,10 @@ empties /var/run, and the kubelet does not prepare its claims again)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from agent.dra.cdi import spec_path, write_spec
 from agent.runtime.draspecs import KeptSpec, SpecKeeper
@@ -85,3 +88,42 @@ def test_start_writes_the_spec_as_the_agent_builds_it_now(tmp_path: Path) -> Non
     assert done.written == ["c"] and done.adopted == ["old"]
     assert on_disk(keeper, "c") == now["c"] and on_disk(keeper, "old") == now["old"]
     assert (kept := keeper.kept("c")) is not None and kept.spec == now["c"]
+
+
+def test_a_power_cut_that_loses_a_leased_claims_record_rebuilds_it_from_the_ledger(
+    tmp_path: Path,
+) -> None:
+    """Records of claims with leases are not synced to the disk: one a power cut lost (or
+    tore) is built again from the claim's live leases, which the ledger keeps synced."""
+    keeper = SpecKeeper(tmp_path / "cdi", tmp_path / "kept")
+    keeper.write(KeptSpec("lost", ("l1",), spec("lost", "l1")))
+    keeper.write(KeptSpec("torn", ("l2",), spec("torn", "l2")))
+    for uid in ("lost", "torn"):
+        spec_path(keeper.cdi_dir, uid).unlink()  # /var/run emptied
+    spec_path(keeper.keep_dir, "lost").unlink()  # the rename never reached the disk
+    spec_path(keeper.keep_dir, "torn").write_text("")  # nor the data
+    live = {"lost": ["l1"], "torn": ["l2"], "no-spec": ["l3"]}
+    built = {"lost": spec("lost", "l1"), "torn": spec("torn", "l2")}
+    done = keeper.restore(
+        lambda uid: live.get(uid, []),
+        lambda kept: built.get(kept.claim_uid),
+        leased=["lost", "torn", "no-spec", "ended"],
+    )
+    assert sorted(done.rebuilt) == ["lost", "torn"] and done.unreadable == []
+    assert on_disk(keeper, "lost") == built["lost"] and on_disk(keeper, "torn") == built["torn"]
+    assert (kept := keeper.kept("torn")) is not None and kept.lease_ids == ("l2",)
+    assert keeper.claims() == {"lost", "torn"}  # nothing to build for the others
+    assert keeper.restore(lambda uid: live.get(uid, []), leased=live).rebuilt == []
+
+
+def test_only_a_record_with_admin_access_devices_is_synced_to_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """adminAccess devices have no lease to rebuild them from after a power cut."""
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    keeper = SpecKeeper(tmp_path / "cdi", tmp_path / "kept")
+    keeper.write(KeptSpec("share", ("l1",), spec("share", "l1")))
+    assert synced == []
+    keeper.write(KeptSpec("admin", (), spec("admin"), (("r-gpu-0", "GPU-1"),)))
+    assert len(synced) == 2  # the record and its directory; the CDI file is rebuilt
