@@ -71,15 +71,25 @@ def place_batch(
             assert decision.device_uuid is not None
             view = current[decision.device_uuid]
             pending = pending_lease(request, view.device.uuid, now)
-            domains = None if view.domains is None else view.domains | {pending.trust_domain}
-            current[view.device.uuid] = dataclasses.replace(
-                view,
-                leases=(*view.leases, pending),
-                tally=view.totals().plus(pending),
-                domains=domains,
-            )
+            current[view.device.uuid] = with_pending(view, pending)
         decisions.append(decision)
     return decisions
+
+
+def with_pending(view: DeviceView, pending: Lease) -> DeviceView:
+    """``view`` with ``pending`` counted: its capacity, its trust domain and its UID (where
+    the view carries the ledger's counts), as later decisions must see them."""
+    domains = None if view.domains is None else view.domains | {pending.trust_domain}
+    users = view.users
+    if users is not None and pending.run_as_uid is not None:
+        users = users | {pending.run_as_uid}
+    return dataclasses.replace(
+        view,
+        leases=(*view.leases, pending),
+        tally=view.totals().plus(pending),
+        domains=domains,
+        users=users,
+    )
 
 
 def pending_lease(
@@ -104,4 +114,5 @@ def pending_lease(
         state=state,
         created_at=now,
         updated_at=now,
+        run_as_uid=request.run_as_uid,
     )

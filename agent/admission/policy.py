@@ -5,7 +5,11 @@ overhead per client, plus a reserve, never exceed the device's memory. Compute i
 thread percentages are caps whose sum may exceed 100 up to ``thread_budget_pct``, and
 ``guaranteed`` leases together stay within the stricter ``guaranteed_budget_pct``. A shared
 device holds leases of one trust domain at a time; an ``exclusive`` device holds one lease.
-Every refusal has a reason code and a sentence, and every decision lists each device tried.
+With ``one_user_per_device`` (legacy MPS: one server per UID), a request that states its
+``run_as_uid`` is refused USER_CONFLICT on an MPS device whose live leases include one of
+another known UID; leases and requests without a UID are not checked (see
+:mod:`agent.admission.tenancy`). Every refusal has a reason code and a sentence, and every
+decision lists each device tried.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent.admission.tenancy import domains_of, trust_refusal, user_refusal, users_of
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import (
     AdmissionRequest,
@@ -43,6 +48,7 @@ class Rules:
     guaranteed_budget_pct: float = 100.0
     max_clients: int = 48
     placement: Placement = Placement.BEST_FIT
+    one_user_per_device: bool = True  # legacy MPS: one server per UID (off in multi-user mode)
 
 
 class RetentionGate(Protocol):
@@ -104,6 +110,7 @@ class DeviceView:
     tally: Tally | None = None
     pinned: frozenset[str] = frozenset()
     domains: frozenset[str] | None = None  # the leases' trust domains (the ledger keeps them)
+    users: frozenset[int] | None = None  # the leases' known UIDs (the ledger keeps them)
 
     def totals(self) -> Tally:
         return self.tally if self.tally is not None else Tally.of(self.leases)
@@ -164,13 +171,14 @@ def _refusal(
         return ReasonCode.MODEL_MISMATCH, f"wants {request.gpu_model}, device is {device.model}"
     if device.sharing_mode is SharingMode.EXCLUSIVE and view.leases:
         return ReasonCode.EXCLUSIVE_BUSY, "exclusive device already holds a lease"
-    domains = view.domains if view.domains is not None else {x.trust_domain for x in view.leases}
-    if domains and domains != {request.trust_domain}:
-        other = sorted(domains)[0]
-        return ReasonCode.TRUST_CONFLICT, (
-            f"device serves trust domain {other!r}; an MPS server shares fault fate, so "
-            f"{request.trust_domain!r} may not join it"
-        )
+    shared = trust_refusal(domains_of(view.leases, view.domains), request) or user_refusal(
+        users_of(view.leases, view.users),
+        request,
+        device,
+        one_user_per_device=rules.one_user_per_device,
+    )
+    if shared is not None:
+        return shared
     if len(view.leases) + 1 > rules.max_clients:
         return ReasonCode.CLIENT_LIMIT, f"device already has {len(view.leases)} clients"
     left = memory_left_bytes(view, rules, extra_clients=1)
@@ -305,6 +313,7 @@ _RANK = (
     ReasonCode.NO_COMPUTE,
     ReasonCode.CLIENT_LIMIT,
     ReasonCode.TRUST_CONFLICT,
+    ReasonCode.USER_CONFLICT,
     ReasonCode.EXCLUSIVE_BUSY,
     ReasonCode.RETENTION_BELOW_FLOOR,
     ReasonCode.DEVICE_DEGRADED,

@@ -122,6 +122,7 @@ def _index(snapshot: NodeSnapshot, device_uuid: str) -> int:
 
 
 def lease_to_pb(lease: Lease, device_index: int = 0) -> pb.Lease:
+    """``lease`` as the API shows it; ``run_as_uid`` is left unset when unknown."""
     return pb.Lease(
         lease_id=lease.lease_id,
         request_id=lease.request_id,
@@ -143,6 +144,7 @@ def lease_to_pb(lease: Lease, device_index: int = 0) -> pb.Lease:
         owner=lease.owner,
         workload=lease.workload,
         pod=lease.pod,
+        run_as_uid=lease.run_as_uid,
     )
 
 

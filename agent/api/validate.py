@@ -143,7 +143,22 @@ def request(message: pb.Request, *, field: str = "request") -> AdmissionRequest:
         job=job(message.job, f"{field}.job"),
         workload=workload(message.workload, f"{field}.workload"),
         pod=pod(message.pod, f"{field}.pod"),
+        run_as_uid=run_as_uid(message, f"{field}.run_as_uid"),
     )
+
+
+MAX_UID = 0xFFFFFFFE  # (uid_t)-1, 4294967295, means "no change" to setuid: never a user
+
+
+def run_as_uid(message: pb.Request, field: str) -> int | None:
+    """The UID the share runs as, 0..4294967294, or None when the caller does not say (the
+    one-user-per-MPS-server rule then cannot apply to it)."""
+    if not message.HasField("run_as_uid"):
+        return None
+    value = message.run_as_uid
+    if not 0 <= value <= MAX_UID:
+        raise ValidationError(field, f"must be a UID from 0 to {MAX_UID} (got {value})")
+    return value
 
 
 def pod(value: str, field: str) -> str:

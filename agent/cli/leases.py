@@ -36,6 +36,11 @@ def _device_uuid(where: Where, name: str) -> str:
         sys.exit(exits.CONFIG)
 
 
+def _uid(lease: pb.Lease) -> str:
+    """The UID the lease's processes run as; ``-`` when its caller did not say."""
+    return str(lease.run_as_uid) if lease.HasField("run_as_uid") else "-"
+
+
 def _namespace_and_pod(pod: str) -> tuple[str, str]:
     """``"<namespace>/<name>"`` as two cells, as ``kubectl get pods -A`` shows them; ``-``
     for a lease made for no pod."""
@@ -68,6 +73,7 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
             x.device_index,
             x.tenant,
             x.trust_domain,
+            _uid(x),
             x.priority,
             format_bytes(x.memory_bytes),
             f"{x.thread_pct:g}%",
@@ -88,6 +94,7 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
                 "DEV",
                 "TENANT",
                 "TRUST",
+                "UID",
                 "PRIORITY",
                 "MEMORY",
                 "THREADS",
@@ -137,6 +144,14 @@ def leases(ctx: click.Context, as_json: bool, all_devices: bool) -> None:
 )
 @click.option("--tenant", default="cli", show_default=True)
 @click.option("--trust-domain", default="cli", show_default=True)
+@click.option(
+    "--run-as-uid",
+    type=click.IntRange(0, 4294967294),
+    default=None,
+    metavar="UID",
+    help="The UID the workload would run as (its runAsUser): a device with live leases "
+    "of another UID refuses it (USER_CONFLICT). Unset: the one-user rule is not applied.",
+)
 @click.option("--gpu-model", default="", help="Require a device model, e.g. H100.")
 @click.option("--profile", default="", help="The workload's profile (for the retention gate).")
 @click.option(
@@ -155,6 +170,7 @@ def explain(
     priority: str,
     tenant: str,
     trust_domain: str,
+    run_as_uid: int | None,
     gpu_model: str,
     profile: str,
     retention_floor: float,
@@ -179,6 +195,7 @@ def explain(
             gpu_model=gpu_model,
             profile=profile,
             retention_floor=retention_floor,
+            run_as_uid=run_as_uid,
         )
     )
     answer = guarded(lambda: call(agent_where(ctx), "Explain", request))

@@ -4,10 +4,13 @@
     async with AgentClient("gpu-node-1:9807", credentials=credentials) as agent:
         result = await agent.admit(tenant="team-a", trust_domain="team-a",
                                    priority=Priority.GUARANTEED, memory_bytes=20 * 2**30,
-                                   thread_pct=25)
+                                   thread_pct=25, run_as_uid=1000)
         print(result.decision.admitted, dict(result.env))
         async for event in agent.watch_events(since_seq=0):
             ...
+
+``run_as_uid`` (the UID the share's processes run as) lets the agent keep one user per
+MPS device (USER_CONFLICT otherwise); left out, that rule cannot apply to the share.
 
 Calls that fail with UNAVAILABLE are retried with exponential backoff, always with the same
 request id, so a retry never admits twice. ``watch_events`` reconnects and resumes after the

@@ -160,16 +160,26 @@ class AgentClient:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def request(*, request_id: str | None = None, **fields: Any) -> pb.Request:
-        """A Request with a fresh request id unless one is given (keep it to retry)."""
-        return pb.Request(request_id=request_id or f"r-{uuid.uuid4().hex}", **fields)
+    def request(
+        *, request_id: str | None = None, run_as_uid: int | None = None, **fields: Any
+    ) -> pb.Request:
+        """A Request with a fresh request id unless one is given (keep it to retry).
+        ``run_as_uid``: the UID the share's processes run as (the container's runAsUser);
+        None leaves it unset, and the agent's one-user-per-MPS-server rule cannot apply."""
+        request = pb.Request(request_id=request_id or f"r-{uuid.uuid4().hex}", **fields)
+        if run_as_uid is not None:
+            request.run_as_uid = run_as_uid
+        return request
 
-    async def admit(self, **fields: Any) -> pb.AdmitResponse:
-        request = pb.AdmitRequest(request=self.request(**fields))
+    async def admit(self, *, run_as_uid: int | None = None, **fields: Any) -> pb.AdmitResponse:
+        """Admit one request (fields of ``Request``); see :meth:`request` for ``run_as_uid``."""
+        request = pb.AdmitRequest(request=self.request(run_as_uid=run_as_uid, **fields))
         return await self._call(self.stub.Admit, request)
 
-    async def explain(self, **fields: Any) -> pb.AdmitResponse:
-        return await self._call(self.stub.Explain, pb.AdmitRequest(request=self.request(**fields)))
+    async def explain(self, *, run_as_uid: int | None = None, **fields: Any) -> pb.AdmitResponse:
+        """What Admit would answer, admitting nothing; ``run_as_uid`` as for :meth:`admit`."""
+        request = pb.AdmitRequest(request=self.request(run_as_uid=run_as_uid, **fields))
+        return await self._call(self.stub.Explain, request)
 
     async def admit_batch(self, requests: list[pb.Request]) -> pb.AdmitBatchResponse:
         return await self._call(self.stub.AdmitBatch, pb.AdmitBatchRequest(requests=requests))

@@ -114,6 +114,7 @@ class Lease:
     owner: str = ""  # the caller identity that made it; "" for leases made before owners
     workload: str = ""  # the workload its processes must belong to (see AdmissionRequest)
     pod: str = ""  # the Kubernetes pod it is for, "<namespace>/<name>"; "" for none
+    run_as_uid: int | None = None  # its processes' UID; None: not said (or made before UIDs)
 
     @property
     def held_by_claim(self) -> bool:

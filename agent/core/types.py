@@ -44,6 +44,7 @@ class ReasonCode(enum.StrEnum):
     NO_MEMORY = "NO_MEMORY"
     NO_COMPUTE = "NO_COMPUTE"
     TRUST_CONFLICT = "TRUST_CONFLICT"
+    USER_CONFLICT = "USER_CONFLICT"  # the device's MPS server runs as another UID
     RETENTION_BELOW_FLOOR = "RETENTION_BELOW_FLOOR"
     DEVICE_DEGRADED = "DEVICE_DEGRADED"
     DRAINING = "DRAINING"
@@ -149,6 +150,7 @@ class AdmissionRequest:
     # The caller identity that asks (the mTLS subject or the token's name; "local" on the
     # Unix socket): set by the API from the connection, never from the request's fields.
     owner: str = ""
+    run_as_uid: int | None = None  # the UID its processes run as; None: not said, not checked
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ def lease_of(message: pb.Lease) -> Lease:
         updated_at=message.updated_at,
         gang_id=message.gang_id or None,
         pod=message.pod,
+        run_as_uid=message.run_as_uid if message.HasField("run_as_uid") else None,
     )
 
 
@@ -86,6 +87,7 @@ def device_views(
                 closed_detail=entry.closed_detail if entry is not None else "",
                 tally=Tally.of(leases),  # summed once: the view is read for many pods
                 domains=frozenset(x.trust_domain for x in leases),
+                users=frozenset(x.run_as_uid for x in leases if x.run_as_uid is not None),
             )
         )
     return views

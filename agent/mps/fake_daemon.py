@@ -8,28 +8,35 @@ Answers and log lines are those recorded from the 535 binary; where none could b
 strings, and this is said where it happens.
 
 Besides the real commands it accepts a few ``fake_*`` commands that stand in for what a
-GPU would do: ``fake_connect_client PID UID``, ``fake_disconnect_client PID``,
-``fake_fault SERVER_PID`` and ``fake_hang``.
+GPU would do:
+
+- ``fake_connect_client PID UID``: a CUDA client connects. Answers its server's PID;
+  ``pending`` when it waits for the server of another UID to exit (one server at a time,
+  unless the daemon runs in multi-user mode); ``refused: ...`` while its UID's server
+  recovers from a fatal fault.
+- ``fake_disconnect_client PID``: the client goes away, connected or waiting.
+- ``fake_pending``: the waiting clients, ``PID UID`` a line, in the order they are served.
+- ``fake_client_memory PID [MIB]``: what a connected client holds in device memory (MiB),
+  up to the pinned-memory limit it bound when it connected (the limit applies per client
+  process); without ``MIB`` it says what the client holds.
+- ``fake_fault SERVER_PID``: a fatal exception in that server.
+- ``fake_hang``: the daemon stops answering anyone.
+
+How users, waiting clients and memory behave is in :mod:`agent.mps.fake_users`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from agent.mps.fake_users import FakeServer, FakeUsers, UserHooks
+
+__all__ = ["Answer", "FakeMpsState", "FakeServer", "log_line"]
 
 MIB = 1024 * 1024
 MAX_ORDINAL = 31
-
-
-@dataclass
-class FakeServer:
-    pid: int
-    uid: int
-    thread_pct: float
-    memory_limits_mib: dict[int, int]
-    clients: list[int] = field(default_factory=list)
-    faulted: bool = False
 
 
 @dataclass
@@ -55,16 +62,26 @@ class FakeMpsState:
         stop_server: Callable[[int], None],
         control_log: Callable[[str], None],
         server_log: Callable[[str], None],
+        multi_user: bool = False,
+        client_memory: Callable[[dict[int, int]], None] = lambda _used: None,
     ) -> None:
         self.daemon_pid = daemon_pid
         self.default_thread_pct = 100.0
         self.default_limits_mib: dict[int, int] = {}
         self.default_priority = 0
-        self.servers: dict[int, FakeServer] = {}
-        self._start_server = start_server
-        self._stop_server = stop_server
         self._control_log = control_log
-        self._server_log = server_log
+        self.users = FakeUsers(
+            UserHooks(
+                start_server=start_server,
+                stop_server=stop_server,
+                log=self.log,
+                server_log=lambda pid, text: server_log(log_line("Server", pid, text)),
+                defaults=lambda: (self.default_thread_pct, dict(self.default_limits_mib)),
+                client_memory=client_memory,
+            ),
+            multi_user=multi_user,
+        )
+        self.servers = self.users.servers  # the same dict, PID -> server
 
     def log(self, text: str) -> None:
         self._control_log(log_line("Control", self.daemon_pid, text))
@@ -101,6 +118,8 @@ class FakeMpsState:
             "quit": lambda _a: Answer(quit=True),
             "fake_connect_client": self._connect,
             "fake_disconnect_client": self._disconnect,
+            "fake_pending": lambda _a: Answer(self.users.pending_text()),
+            "fake_client_memory": self._client_memory,
             "fake_fault": self._fault,
             "fake_hang": lambda _a: Answer(hang=True),
         }
@@ -110,9 +129,6 @@ class FakeMpsState:
     def _server(self, args: list[str]) -> tuple[int, FakeServer | None]:
         pid = _number(args[0]) if args else 0
         return pid, self.servers.get(pid)
-
-    def _server_of_client(self, client: int) -> FakeServer | None:
-        return next((s for s in self.servers.values() if client in s.clients), None)
 
     # -- real commands ---------------------------------------------------------------------
 
@@ -192,14 +208,14 @@ class FakeMpsState:
     def _start(self, args: list[str]) -> Answer:
         if len(args) < 2 or args[0] != "-uid":
             return Answer("A user id (UID) is required to start a new server\n")
-        self._new_server(_number(args[1]))
+        self.users.new_server(_number(args[1]))
         return Answer()
 
     def _shutdown(self, args: list[str]) -> Answer:
         pid, server = self._server(args)
         if server is None:
             return Answer(f"Server {pid} not found\n")
-        self._end_server(server, status=0)
+        self.users.shutdown(server)
         return Answer()
 
     def _terminate(self, args: list[str]) -> Answer:
@@ -208,7 +224,7 @@ class FakeMpsState:
         if server is None or client not in server.clients:
             return Answer(f"Server {pid} not found\nServer {pid} not found!\n1\n")
         # Success output was not observable without a GPU; "0" mirrors the failure's "1".
-        self._drop_client(server, client, reason="terminated")
+        self.users.drop_client(server, client)
         return Answer("0\n")
 
     def _ps(self, args: list[str]) -> Answer:
@@ -234,68 +250,25 @@ class FakeMpsState:
 
     def _connect(self, args: list[str]) -> Answer:
         client, uid = (_number(args[0]), _number(args[1])) if len(args) > 1 else (0, 0)
-        server = next((s for s in self.servers.values() if s.uid == uid), None)
-        if server is not None and server.faulted:
-            self.log(
-                f"NEW CLIENT {client} from user {uid}: Server is not ready, "
-                "push client to pending list"
-            )
-            return Answer("refused: server is recovering from a fault\n")
-        self.log(
-            f"NEW CLIENT {client} from user {uid}" + (": Server already exists" if server else "")
-        )
-        if server is None:
-            server = self._new_server(uid)
-        server.clients.append(client)
-        self._server_log(log_line("Server", server.pid, f"New client {client} connected"))
-        return Answer(f"{server.pid}\n")
+        return Answer(self.users.connect(client, uid))
 
     def _disconnect(self, args: list[str]) -> Answer:
+        return Answer(self.users.disconnect(_number(args[0]) if args else 0))
+
+    def _client_memory(self, args: list[str]) -> Answer:
         client = _number(args[0]) if args else 0
-        server = self._server_of_client(client)
-        if server is None:
-            return Answer(f"Client {client} not found\n")
-        self._drop_client(server, client, reason="disconnected")
-        return Answer()
+        mib = _number(args[1]) if len(args) > 1 else None
+        return Answer(self.users.client_memory(client, mib))
 
     def _fault(self, args: list[str]) -> Answer:
         pid, server = self._server(args)
         if server is None:
             return Answer(f"Server {pid} not found\n")
-        server.faulted = True
-        self._server_log(log_line("Server", server.pid, "Server encountered a fatal exception"))
-        self.log("Server encountered a fatal exception. Shutting down")
-        if not server.clients:
-            self._end_server(server, status=1)
+        self.users.fault(server)
         return Answer()
 
-    # -- servers and clients ---------------------------------------------------------------
-
-    def _new_server(self, uid: int) -> FakeServer:
-        pid = self._start_server()
-        self.log(f"Starting new server {pid} for user {uid}")
-        server = FakeServer(pid, uid, self.default_thread_pct, dict(self.default_limits_mib))
-        self.servers[pid] = server
-        self._server_log(
-            log_line("Server", pid, f"Active Threads Percentage set to {server.thread_pct:.1f}")
-        )
-        self.log(f"NEW SERVER {pid}: Ready")
-        return server
-
-    def _drop_client(self, server: FakeServer, client: int, *, reason: str) -> None:
-        server.clients.remove(client)
-        self._server_log(log_line("Server", server.pid, f"Client {client} disconnected"))
-        if server.faulted and not server.clients:
-            self._end_server(server, status=1)
-
-    def _end_server(self, server: FakeServer, *, status: int) -> None:
-        self.servers.pop(server.pid, None)
-        self._stop_server(server.pid)
-        self.log(f"Server {server.pid} exited with status {status}")
-
     def stop_all(self) -> None:
-        for server in list(self.servers.values()):
-            self._end_server(server, status=0)
+        self.users.stop_all()
 
 
 def _number(text: str) -> int:

@@ -11,6 +11,13 @@ is absent, and by the tests. With ``GPUSHARE_FAKE_MPS_SHM=1`` in its environment
 stand-in server also creates its region ``mps.shm.<uid>.<pid>`` in the ``/dev/shm`` it sees,
 as a real server does, and the daemon removes it when the server ends (the 535 daemon
 logs ``Removed Shm file at``): what shows which /dev/shm a daemon's servers have.
+
+Like the legacy daemon it runs one server at a time: a client of another UID waits until
+the running server's clients are done (:mod:`agent.mps.fake_users`). ``-M`` starts it in
+the multi-user mode of newer daemons (servers of several UIDs at once; the 535 binary has
+no such mode), and ``-h`` lists it, which is what the agent checks before it passes ``-M``.
+What its clients hold (``fake_client_memory``) it keeps in ``fake_client_memory`` in the
+pipe directory, ``PID MIB`` a line, where the simulated node's process lists read it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import time
 from pathlib import Path
 
 from agent.mps.fake_daemon import FakeMpsState
+from agent.mps.fake_users import CLIENT_MEMORY_FILE, render_client_memory
 
 RUNNING = "An instance of this daemon is already running"
 
@@ -46,7 +54,7 @@ SHM_SERVER = 'touch "/dev/shm/mps.shm.$(id -u).$$" && exec sleep infinity'
 
 
 class FakeDaemon:
-    def __init__(self, pipe: Path, logs: Path) -> None:
+    def __init__(self, pipe: Path, logs: Path, *, multi_user: bool = False) -> None:
         self.pipe, self.logs = pipe, logs
         self.busy = False
         self.hung = False
@@ -58,6 +66,8 @@ class FakeDaemon:
             stop_server=self._kill_server,
             control_log=self._control_log,
             server_log=self._server_log,
+            multi_user=multi_user,
+            client_memory=self._publish_memory,
         )
 
     def _control_log(self, line: str) -> None:
@@ -66,6 +76,14 @@ class FakeDaemon:
     def _server_log(self, line: str) -> None:
         with contextlib.suppress(OSError), open(self.logs / "server.log", "a") as f:
             f.write(line + "\n")
+
+    def _publish_memory(self, used: dict[int, int]) -> None:
+        """What each client holds, for the simulated node's process lists; replaced whole
+        (written beside, then renamed) so that a reader never sees half of it."""
+        scratch = self.pipe / f".{CLIENT_MEMORY_FILE}.new"
+        with contextlib.suppress(OSError):
+            scratch.write_text(render_client_memory(used))
+            os.replace(scratch, self.pipe / CLIENT_MEMORY_FILE)
 
     def _spawn_server(self) -> int:
         """A stand-in server process that dies with this daemon, however it ends (SIGKILL
@@ -126,6 +144,7 @@ class FakeDaemon:
         control = self.pipe / "control"
         with contextlib.suppress(FileNotFoundError):
             control.unlink()
+        (self.pipe / CLIENT_MEMORY_FILE).unlink(missing_ok=True)  # an earlier daemon's clients
         server = await asyncio.start_unix_server(self.handle, path=str(control))
         os.chmod(control, 0o666)
         (self.pipe / "control_privileged").touch(mode=0o755)
@@ -137,11 +156,12 @@ class FakeDaemon:
         async with server:
             await self.done.wait()
         self.state.stop_all()
+        (self.pipe / CLIENT_MEMORY_FILE).unlink(missing_ok=True)
         self.state.log("Exit with status 0")
         return 0
 
 
-def daemon(foreground: bool) -> int:
+def daemon(foreground: bool, *, multi_user: bool = False) -> int:
     pipe, logs = _dirs()
     pipe.mkdir(parents=True, exist_ok=True)
     lock_fd = os.open(pipe / "control_lock", os.O_RDWR | os.O_CREAT, 0o666)
@@ -152,16 +172,16 @@ def daemon(foreground: bool) -> int:
         return 1
     if not foreground:
         os.close(lock_fd)
-        return _background(logs)
+        return _background(logs, multi_user=multi_user)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    return asyncio.run(FakeDaemon(pipe, logs).serve())
+    return asyncio.run(FakeDaemon(pipe, logs, multi_user=multi_user).serve())
 
 
-def _background(logs: Path) -> int:
+def _background(logs: Path, *, multi_user: bool) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "control.log", "a") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "agent.mps.fakebin", "-f"],
+            [sys.executable, "-m", "agent.mps.fakebin", "-f", *(["-M"] if multi_user else [])],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -1,6 +1,6 @@
 """The entry point of ``gpushare-fake-mps-control``: the front-end on its own, with the
 standard library's ``os``, ``socket`` and ``sys`` alone, and the daemon (``-d``, ``-f``)
-from :mod:`agent.mps.fakebin`.
+from :mod:`agent.mps.fakebin` (``-M``: multi-user mode; ``-h`` lists the options).
 
 The agent runs the front-end for every control command and every health probe, as it
 runs the real ``nvidia-cuda-mps-control``; a simulated node runs this one instead. Kept
@@ -15,6 +15,13 @@ import socket
 import sys
 
 ABSENT = "Cannot find MPS control daemon process"
+USAGE = """Usage: gpushare-fake-mps-control [-d | -f] [-M]
+  -d  start the control daemon in the background (log in $CUDA_MPS_LOG_DIRECTORY)
+  -f  start the control daemon in the foreground (log on stdout)
+  -M  multi-user mode: servers of several UIDs run at once
+  -h  print this help
+Without -d or -f: send stdin to the daemon of $CUDA_MPS_PIPE_DIRECTORY, print its answer.
+"""
 
 
 def front_end() -> int:
@@ -39,10 +46,13 @@ def front_end() -> int:
 
 def main() -> None:
     args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        sys.stdout.write(USAGE)
+        sys.exit(0)
     if "-d" in args or "-f" in args:
         from agent.mps.fakebin import daemon
 
-        sys.exit(daemon(foreground="-f" in args))
+        sys.exit(daemon(foreground="-f" in args, multi_user="-M" in args))
     sys.exit(front_end())
 
 

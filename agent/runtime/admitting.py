@@ -263,6 +263,7 @@ class Admissions:
             owner=request.owner,
             workload=request.workload,
             pod=request.pod,
+            run_as_uid=request.run_as_uid,
             counters=dict(request.counters),
             attributes=admission_attributes(
                 request,

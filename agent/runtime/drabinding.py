@@ -40,6 +40,7 @@ DEVICE_REFUSALS = frozenset(
         ReasonCode.NO_MEMORY,
         ReasonCode.NO_COMPUTE,
         ReasonCode.TRUST_CONFLICT,
+        ReasonCode.USER_CONFLICT,
         ReasonCode.RETENTION_BELOW_FLOOR,
         ReasonCode.DEVICE_DEGRADED,
         ReasonCode.DRAINING,

@@ -5,8 +5,9 @@ lease (capacity taken at decision time), ``untake`` removes exactly that lease a
 failed write; never a blind put-back), and ``apply`` installs changes that are durable,
 refusing any computed from a version that is no longer current. Leases with a write in
 flight are ``busy``: a transition waits for that write before it decides, and a
-preemption never picks them. Per-device tallies are kept incrementally. Ended leases and
-request ids are remembered in bounded maps; older ones are read from the store.
+preemption never picks them. Per-device tallies, trust domains and known UIDs (leases
+without a ``run_as_uid`` do not count) are kept incrementally. Ended leases and request ids
+are remembered in bounded maps; older ones are read from the store.
 
 A gang's reserved members are committed all or none. A gang's round of reservations lasts
 while it holds reserved members; the moment one of them ends otherwise than by the gang's
@@ -26,6 +27,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeVar
 
 from agent.admission.policy import Tally
 from agent.core.errors import LeaseTransitionError
@@ -36,6 +38,7 @@ ENDED_KEPT = 10_000  # ended leases remembered in memory
 REQUESTS_KEPT = 100_000  # request ids of ended leases remembered in memory
 GANGS_KEPT = 10_000  # recent gang outcomes ("expired", "broken", "aborted", "committed")
 RequestKey = tuple[str, str]  # (tenant, request id)
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class Ledger:
         self._pinned: frozenset[str] | None = frozenset()  # cache of the busy ids
         self._tuples: dict[str, tuple[Lease, ...]] = {}  # cache of on_device
         self._domains: dict[str, Counter[str]] = {uuid: Counter() for uuid in self._by_device}
+        self._users: dict[str, Counter[int]] = {uuid: Counter() for uuid in self._by_device}
         self._requests: dict[RequestKey, RequestRecord] = {}  # of live leases
         self._ended_requests: OrderedDict[RequestKey, RequestRecord] = OrderedDict()
         self.requests_complete = True  # every known request id is in memory
@@ -88,6 +92,10 @@ class Ledger:
     def domains(self, device_uuid: str) -> frozenset[str]:
         """The trust domains of the leases on a device."""
         return frozenset(self._domains.get(device_uuid, ()))
+
+    def users(self, device_uuid: str) -> frozenset[int]:
+        """The known UIDs of the leases on a device (a lease without one does not count)."""
+        return frozenset(self._users.get(device_uuid, ()))
 
     def tally(self, device_uuid: str) -> Tally:
         return self._tally.get(device_uuid, Tally())
@@ -212,6 +220,8 @@ class Ledger:
         self._by_device.setdefault(uuid, {})[lease.lease_id] = lease
         self._tally[uuid] = self.tally(uuid).plus(lease)
         self._domains.setdefault(uuid, Counter())[lease.trust_domain] += 1
+        if lease.run_as_uid is not None:
+            self._users.setdefault(uuid, Counter())[lease.run_as_uid] += 1
         self._tuples.pop(uuid, None)
         if lease.gang_id and lease.state is LeaseState.RESERVED:
             self._gang_reserved[lease.gang_id] += 1
@@ -221,10 +231,9 @@ class Ledger:
         del self._live[lease.lease_id]
         del self._by_device[uuid][lease.lease_id]
         self._tally[uuid] = self.tally(uuid).minus(lease)
-        domains = self._domains[uuid]
-        domains[lease.trust_domain] -= 1
-        if domains[lease.trust_domain] <= 0:
-            del domains[lease.trust_domain]
+        _uncount(self._domains[uuid], lease.trust_domain)
+        if lease.run_as_uid is not None:
+            _uncount(self._users[uuid], lease.run_as_uid)
         self._tuples.pop(uuid, None)
         if lease.gang_id and lease.state is LeaseState.RESERVED:
             self._gang_reserved[lease.gang_id] -= 1
@@ -252,6 +261,13 @@ class Ledger:
         ended = self._ended_requests
         while ended and next(iter(ended.values())).at < at:  # oldest first: O(1) a step
             ended.popitem(last=False)
+
+
+def _uncount(counts: Counter[K], key: K) -> None:
+    """One fewer ``key``; a key with none left is gone (the views list what is there)."""
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]
 
 
 def lost_in_this_round(

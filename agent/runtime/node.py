@@ -210,6 +210,7 @@ class NodeService:
                     tally=self.ledger.tally(uuid),
                     pinned=pinned,
                     domains=self.ledger.domains(uuid),
+                    users=self.ledger.users(uuid),
                 )
             )
         return views

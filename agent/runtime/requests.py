@@ -46,6 +46,7 @@ def canonical(request: AdmissionRequest, gang_id: str | None) -> dict[str, Any]:
         # only when set: requests recorded before pods existed keep their fingerprints
         **({"pod": request.pod} if request.pod else {}),
         **({"device_uuid": request.device_uuid} if request.device_uuid else {}),
+        **({"run_as_uid": request.run_as_uid} if request.run_as_uid is not None else {}),
     }
 
 

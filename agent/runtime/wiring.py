@@ -174,6 +174,8 @@ def admission_rules(settings: Settings) -> Rules:
         guaranteed_budget_pct=a.guaranteed_budget_pct,
         max_clients=a.max_clients,
         placement=Placement(a.placement),
+        # legacy MPS runs one server per UID; a multi-user daemon serves several at once
+        one_user_per_device=not settings.mps.multi_user,
     )
 
 

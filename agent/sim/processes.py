@@ -6,7 +6,10 @@ On the simulated node nothing allocates device memory, so a simulated client dec
 it would use in its environment, ``GPUSHARE_SIM_USED_MEMORY`` (``3GiB``, ``1024``); one
 that declares nothing, or something unreadable, is listed with ``None``. The clients are
 those connected to the device's MPS servers (``fake_connect_client`` on the fake control
-daemon). Processes a test puts in ``process_table`` are listed too, as on the plain fake.
+daemon). What the fake daemon was told a client holds (``fake_client_memory PID MIB``, kept
+in its pipe directory) comes first: it is the simulated GPU's own account, per client
+process, as NVML's is. Processes a test puts in ``process_table`` are listed too, as on
+the plain fake.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import BinaryIO
 from agent.core.errors import UnitError
 from agent.core.identity import marker_from_chunks
 from agent.core.types import Device, GpuProcess, MpsDaemonState
-from agent.core.units import parse_bytes
+from agent.core.units import MIB, parse_bytes
 from agent.gpu.fake import FakeGpuBackend
+from agent.mps.fake_users import CLIENT_MEMORY_FILE, parse_client_memory
 
 USED_MEMORY_VAR = "GPUSHARE_SIM_USED_MEMORY"
 CHUNK_BYTES = 4096
@@ -55,6 +59,24 @@ def mps_clients(states: Sequence[MpsDaemonState], device_uuid: str) -> list[int]
     return list(dict.fromkeys(pids))
 
 
+def recorded_used_memory_bytes(
+    states: Sequence[MpsDaemonState], device_uuid: str
+) -> dict[int, int]:
+    """What the device's fake control daemons say each client holds, in bytes (blocking:
+    reads their pipe directories); empty where they say nothing."""
+    table: dict[int, int] = {}
+    for daemon in states:
+        if daemon.device_uuid != device_uuid or not daemon.pipe_dir:
+            continue
+        try:
+            with open(f"{daemon.pipe_dir}/{CLIENT_MEMORY_FILE}") as f:
+                text = f.read()
+        except OSError:
+            continue
+        table.update({pid: mib * MIB for pid, mib in parse_client_memory(text).items()})
+    return table
+
+
 class SimGpuBackend(FakeGpuBackend):
     """The fake inventory, with the device's MPS clients in its process lists."""
 
@@ -65,9 +87,18 @@ class SimGpuBackend(FakeGpuBackend):
     async def processes(self, device: Device) -> list[GpuProcess]:
         listed = await super().processes(device)
         known = {p.pid for p in listed}
-        clients = [pid for pid in mps_clients(self.mps_states(), device.uuid) if pid not in known]
-        return listed + await asyncio.to_thread(_client_processes, clients)
+        states = self.mps_states()
+        clients = [pid for pid in mps_clients(states, device.uuid) if pid not in known]
+        return listed + await asyncio.to_thread(_client_processes, clients, states, device.uuid)
 
 
-def _client_processes(pids: list[int]) -> list[GpuProcess]:
-    return [GpuProcess(pid, declared_used_memory_bytes(pid), mps=True) for pid in pids]
+def _client_processes(
+    pids: list[int], states: Sequence[MpsDaemonState], device_uuid: str
+) -> list[GpuProcess]:
+    recorded = recorded_used_memory_bytes(states, device_uuid) if pids else {}
+    return [
+        GpuProcess(
+            pid, recorded[pid] if pid in recorded else declared_used_memory_bytes(pid), mps=True
+        )
+        for pid in pids
+    ]

@@ -156,6 +156,11 @@ MIGRATIONS: tuple[str, ...] = (
         record TEXT NOT NULL
     );
     """,
+    # 11: the UID a lease's processes run as (one MPS server per UID); NULL: not said, and
+    # every lease made before, which keeps running untouched
+    """
+    ALTER TABLE leases ADD COLUMN run_as_uid INTEGER;
+    """,
 )
 
 

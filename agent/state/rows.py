@@ -35,6 +35,7 @@ LEASE_COLUMNS = (
     "owner",
     "workload",
     "pod",
+    "run_as_uid",
 )
 LEASE_SELECT = f"SELECT {', '.join(LEASE_COLUMNS)} FROM leases"
 LEASE_INSERT = (
@@ -87,6 +88,7 @@ def lease_row(lease: Lease) -> tuple[Any, ...]:
         lease.owner,
         lease.workload,
         lease.pod,
+        lease.run_as_uid,
     )
 
 

@@ -125,6 +125,7 @@ def admit_one(root: Path) -> None:
                     memory_bytes=20 * 2**30,
                     thread_pct=25,
                     pod="team-a/train-42-0",
+                    run_as_uid=1000,
                 )
             ),
             timeout=5,

@@ -146,13 +146,14 @@ def test_sigterm_keeps_the_daemons_and_clients_and_the_next_agent_adopts_them(
 
 def as_written_by_schema_6(db_path: Path) -> None:
     """The store as the release before schema 7 left it (the upgrade's starting point):
-    four migrations to apply."""
+    five migrations to apply."""
     db = sqlite3.connect(db_path, isolation_level=None)
     try:
-        assert schema_version(db) == len(MIGRATIONS) == 10
+        assert schema_version(db) == len(MIGRATIONS) == 11
         db.executescript(
             "BEGIN; ALTER TABLE leases DROP COLUMN owner; ALTER TABLE leases DROP COLUMN workload;"
-            " ALTER TABLE leases DROP COLUMN pod; DROP TABLE allocations; DROP TABLE run_records;"
+            " ALTER TABLE leases DROP COLUMN pod; ALTER TABLE leases DROP COLUMN run_as_uid;"
+            " DROP TABLE allocations; DROP TABLE run_records;"
             " DELETE FROM schema_version WHERE version >= 7; COMMIT;"
         )
     finally:

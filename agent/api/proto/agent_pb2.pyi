@@ -39,7 +39,7 @@ class Sizing(_message.Message):
     def __init__(self, parameters: _Optional[int] = ..., mode: _Optional[str] = ..., dtype: _Optional[str] = ..., layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., concurrent_sequences: _Optional[int] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model", "counters", "job", "workload", "pod")
+    __slots__ = ("request_id", "tenant", "trust_domain", "priority", "memory_bytes", "sizing", "thread_pct", "profile", "retention_floor", "gpu_model", "counters", "job", "workload", "pod", "run_as_uid")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class Request(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
+    RUN_AS_UID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     trust_domain: str
@@ -75,7 +76,8 @@ class Request(_message.Message):
     job: Job
     workload: str
     pod: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., workload: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
+    run_as_uid: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., memory_bytes: _Optional[int] = ..., sizing: _Optional[_Union[Sizing, _Mapping]] = ..., thread_pct: _Optional[float] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., gpu_model: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., job: _Optional[_Union[Job, _Mapping]] = ..., workload: _Optional[str] = ..., pod: _Optional[str] = ..., run_as_uid: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_type", "model_type", "generative", "requested_gpus", "declared_duration_s", "scheduling_delay_s")
@@ -144,7 +146,7 @@ class Decision(_message.Message):
     def __init__(self, admitted: _Optional[bool] = ..., device_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[DeviceAttempt, _Mapping]]] = ..., preempted_lease_ids: _Optional[_Iterable[str]] = ..., preempted_lease_s: _Optional[float] = ..., predictions: _Optional[_Mapping[str, float]] = ..., estimator: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "request_id", "gang_id", "tenant", "trust_domain", "device_uuid", "device_index", "priority", "memory_bytes", "thread_pct", "state", "created_at", "updated_at", "expires_at", "reason", "profile", "retention_floor", "owner", "workload", "pod")
+    __slots__ = ("lease_id", "request_id", "gang_id", "tenant", "trust_domain", "device_uuid", "device_index", "priority", "memory_bytes", "thread_pct", "state", "created_at", "updated_at", "expires_at", "reason", "profile", "retention_floor", "owner", "workload", "pod", "run_as_uid")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GANG_ID_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +167,7 @@ class Lease(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
+    RUN_AS_UID_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request_id: str
     gang_id: str
@@ -185,7 +188,8 @@ class Lease(_message.Message):
     owner: str
     workload: str
     pod: str
-    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., device_uuid: _Optional[str] = ..., device_index: _Optional[int] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., thread_pct: _Optional[float] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., reason: _Optional[str] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., owner: _Optional[str] = ..., workload: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
+    run_as_uid: int
+    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., gang_id: _Optional[str] = ..., tenant: _Optional[str] = ..., trust_domain: _Optional[str] = ..., device_uuid: _Optional[str] = ..., device_index: _Optional[int] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., thread_pct: _Optional[float] = ..., state: _Optional[str] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., reason: _Optional[str] = ..., profile: _Optional[str] = ..., retention_floor: _Optional[float] = ..., owner: _Optional[str] = ..., workload: _Optional[str] = ..., pod: _Optional[str] = ..., run_as_uid: _Optional[int] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("host_path", "container_path")

@@ -21,7 +21,7 @@ PROTO = Path(__file__).with_name("agent.proto")
 REQUIRED = "Required"
 _RPC = re.compile(r"^rpc (\w+)\((\w+)\) returns \((stream )?(\w+)\);\s*(?://\s*(.*))?$")
 _HEAD = re.compile(r"^(message|enum) (\w+) \{(\})?\s*(?://\s*(.*))?$")
-_FIELD = re.compile(r"^(repeated )?(map<[^>]+>|\S+) (\w+) = (\d+);\s*(?://\s*(.*))?$")
+_FIELD = re.compile(r"^(repeated |optional )?(map<[^>]+>|\S+) (\w+) = (\d+);\s*(?://\s*(.*))?$")
 _ENUM_VALUE = re.compile(r"^(\w+) = (\d+);\s*(?://\s*(.*))?$")
 
 
@@ -143,8 +143,8 @@ def reference(text: str) -> str:
         "`python -m agent.api.proto.reference`; do not edit by hand.",
         "",
         'A field marked **yes** under "required" must be set: the agent answers '
-        "INVALID_ARGUMENT without it. Strings left empty and numbers left 0 mean what "
-        "each field's description says.",
+        "INVALID_ARGUMENT without it. Strings left empty, numbers left 0 and `optional` "
+        "fields left unset mean what each field's description says.",
         "",
         "## RPCs",
         "",

@@ -98,8 +98,17 @@ def request(
     *,
     tenant: str = "t",
     thread_pct: float = 10.0,
+    run_as_uid: int | None = None,
 ) -> AdmissionRequest:
-    return AdmissionRequest(request_id, tenant, "a", priority, int(memory_gib * GIB), thread_pct)
+    return AdmissionRequest(
+        request_id,
+        tenant,
+        "a",
+        priority,
+        int(memory_gib * GIB),
+        thread_pct,
+        run_as_uid=run_as_uid,
+    )
 
 
 Ledger = tuple[NodeService, ControlledStore, EventLog]

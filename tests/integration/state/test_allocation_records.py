@@ -177,5 +177,5 @@ async def test_a_store_at_schema_8_gains_the_allocations_table(tmp_path: Path) -
     finally:
         await store.aclose()
     db = sqlite3.connect(path)
-    assert schema_version(db) == len(MIGRATIONS) == 10
+    assert schema_version(db) == len(MIGRATIONS) == 11
     db.close()

@@ -5,13 +5,14 @@ admit-batch, preempting admit, commit, abort and release, and the reservation re
 racing commits. It checks after every step that
 
 - no device is committed past its memory, thread or client limits, and the ledger's
-  running tallies equal the sums over its leases; during the racing steps a probe task
-  samples the ledger (every loop turn) and the store (as often as it can read) while the
-  writes are held, so not even a moment past the limits goes unseen;
+  running tallies (and its trust domains and known UIDs) equal those of its leases; no
+  device holds leases of two known UIDs (one MPS server per UID); during the racing steps
+  a probe task samples the ledger (every loop turn) and the store (as often as it can
+  read) while the writes are held, so not even a moment past the limits goes unseen;
 - no gang is committed in part: a commit admits every member reserved at that moment,
   and never one of a round of reservations that lost a member;
-- the ledger equals the store (the same live leases, states and versions), so a restart
-  restores exactly what was acknowledged;
+- the ledger equals the store (the same live leases, states, versions and UIDs), so a
+  restart restores exactly what was acknowledged;
 - no lease that ended is ever live again;
 - the event stream replayed from seq 0 is dense and ends, for every lease, in its stored
   state and version.
@@ -49,6 +50,7 @@ sizes = st.sampled_from([5, 10, 20, 35])
 priorities = st.sampled_from(list(PriorityClass))
 request_ids = st.sampled_from([f"r{i}" for i in range(12)])
 tenants = st.sampled_from(["a", "b"])
+uids = st.sampled_from([None, 1000, 2000])  # None: a caller that does not say
 threads = st.sampled_from([10.0, 25.0, 40.0])
 gangs = st.sampled_from(["g1", "g2", "g3"])
 picks = st.integers(0, 10_000)
@@ -155,24 +157,28 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # -- the scheduler's calls --------------------------------------------------------------
 
-    @rule(rid=request_ids, tenant=tenants, gib=sizes, priority=priorities, pct=threads)
-    def admit(self, rid: str, tenant: str, gib: int, priority: PriorityClass, pct: float) -> None:
-        req = dataclasses.replace(
-            request(rid, gib, priority, tenant=tenant, thread_pct=pct), trust_domain=tenant
-        )
+    @rule(rid=request_ids, tenant=tenants, gib=sizes, priority=priorities, pct=threads, uid=uids)
+    def admit(
+        self, rid: str, tenant: str, gib: int, priority: PriorityClass, pct: float, uid: int | None
+    ) -> None:
+        ask = request(rid, gib, priority, tenant=tenant, thread_pct=pct, run_as_uid=uid)
+        req = dataclasses.replace(ask, trust_domain=tenant)
         self.note(self.run(self.call(self.node.admit(req))))
 
-    @rule(items=st.lists(st.tuples(request_ids, sizes, priorities), min_size=1, max_size=4))
-    def admit_batch(self, items: list[tuple[str, int, PriorityClass]]) -> None:
-        unique = {rid: (gib, p) for rid, gib, p in items}
-        batch = [request(rid, gib, p, tenant="a") for rid, (gib, p) in unique.items()]
+    @rule(items=st.lists(st.tuples(request_ids, sizes, priorities, uids), min_size=1, max_size=4))
+    def admit_batch(self, items: list[tuple[str, int, PriorityClass, int | None]]) -> None:
+        unique = {rid: (gib, p, uid) for rid, gib, p, uid in items}
+        batch = [
+            request(rid, gib, p, tenant="a", run_as_uid=uid)
+            for rid, (gib, p, uid) in unique.items()
+        ]
         answer = self.run(self.call(self.node.admit_batch(batch)))
         for result in getattr(answer, "results", ()):
             self.note(result)
 
-    @rule(rid=request_ids, gang=gangs, gib=sizes, ttl=st.sampled_from([1.0, 5.0]))
-    def reserve(self, rid: str, gang: str, gib: int, ttl: float) -> None:
-        req = request(f"{gang}-{rid}", gib, tenant="a")
+    @rule(rid=request_ids, gang=gangs, gib=sizes, ttl=st.sampled_from([1.0, 5.0]), uid=uids)
+    def reserve(self, rid: str, gang: str, gib: int, ttl: float, uid: int | None) -> None:
+        req = request(f"{gang}-{rid}", gib, tenant="a", run_as_uid=uid)
         self.note(self.run(self.call(self.node.admit(req, gang_id=gang, ttl_s=ttl))))
 
     @rule(gang=gangs)
@@ -382,9 +388,13 @@ class LedgerMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         self.store.fail_writes = 0
         before = {x.lease_id: (x.state, x.version) for x in self.node.leases.values()}
+        uids = {x.lease_id: x.run_as_uid for x in self.node.leases.values()}
         self.run(self.store.aclose())
         self.node, self.store, self.events = self.run(self._open())
         after = {x.lease_id: (x.state, x.version) for x in self.node.leases.values()}
+        assert {x.lease_id: x.run_as_uid for x in self.node.leases.values()} == {
+            i: uid for i, uid in uids.items() if i in after
+        }, "a lease's UID survives the restart"
         expired = {i for i, (s, _v) in before.items() if i not in after}
         assert all(before[i][0] is LeaseState.RESERVED for i in expired), "only expiry"
         assert {i: v for i, v in after.items()} == {
@@ -400,6 +410,9 @@ class LedgerMachine(RuleBasedStateMachine):
             tally = self.node.ledger.tally(device.uuid)
             assert tally == Tally.of(leases), "running tally equals the sum"
             assert self.node.ledger.domains(device.uuid) == {x.trust_domain for x in leases}
+            users = self.node.ledger.users(device.uuid)
+            assert users == {x.run_as_uid for x in leases if x.run_as_uid is not None}
+            assert len(users) <= 1, f"{device.uuid} serves UIDs {sorted(users)}"
             used = tally.memory_bytes + tally.clients * RULES.context_overhead_bytes
             assert used <= device.memory_bytes
             assert tally.thread_pct <= RULES.thread_budget_pct + 1e-9
@@ -409,8 +422,8 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def ledger_equals_store_and_ended_stay_ended(self) -> None:
         stored = self.run(self.store.live_leases())
-        live = {x.lease_id: (x.state, x.version) for x in self.node.leases.values()}
-        assert live == {x.lease_id: (x.state, x.version) for x in stored}
+        live = {x.lease_id: (x.state, x.version, x.run_as_uid) for x in self.node.leases.values()}
+        assert live == {x.lease_id: (x.state, x.version, x.run_as_uid) for x in stored}
         assert not self.ended & set(live), "an ended lease is live again"
         for lease_id in self.acked - set(live):
             lease = self.run(self.store.lease(lease_id))

@@ -186,6 +186,7 @@ async def test_a_batch_with_an_ended_request_id_answers_every_item(ledger: Ledge
         {"memory_gib": 20},
         {"priority": PriorityClass.GUARANTEED},
         {"thread_pct": 50.0},
+        {"run_as_uid": 1000},
     ],
 )
 async def test_a_request_id_reused_for_another_request_is_already_exists(

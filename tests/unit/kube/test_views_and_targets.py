@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from agent.admission.policy import Rules, decide
@@ -62,6 +64,20 @@ def test_the_agents_words_come_back_for_a_trust_conflict() -> None:
     decision = decide(ask(10, "b"), views, Rules(), now=0.0)
     assert decision.reason is ReasonCode.TRUST_CONFLICT
     assert "trust domain 'a'" in decision.message
+
+
+def test_the_agents_words_come_back_for_a_user_conflict() -> None:
+    """A lease's UID travels in the node's answer: the extender's views refuse a share of
+    another UID on its device as the agent would, and a lease without one counts for none."""
+    one = lease("l-1", 0, 10)
+    one.run_as_uid = 1000
+    views = device_views(node([one, lease("l-2", 1, 10)]))
+    assert lease_of(one).run_as_uid == 1000 and lease_of(lease("l-2", 1, 10)).run_as_uid is None
+    assert [v.users for v in views] == [frozenset({1000}), frozenset()]
+    other = dataclasses.replace(ask(10), run_as_uid=2000)
+    decision = decide(other, views[:1], Rules(), now=0.0)
+    assert decision.reason is ReasonCode.USER_CONFLICT and "UID 1000" in decision.message
+    assert decide(other, views, Rules(), now=0.0).admitted  # the device without a UID
 
 
 GRPC = [{"name": "grpc", "port": 9807}]

@@ -14,17 +14,20 @@ GOLDEN = json.loads((Path(__file__).parents[2] / "data" / "mps" / "golden.json")
 class World:
     """Fake daemon state with counters for server PIDs and captured logs."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, multi_user: bool = False) -> None:
         self.pids = itertools.count(5000)
         self.stopped: list[int] = []
         self.control: list[str] = []
         self.server: list[str] = []
+        self.memory: list[dict[int, int]] = []  # each publication of the clients' memory
         self.state = FakeMpsState(
             daemon_pid=100,
             start_server=lambda: next(self.pids),
             stop_server=self.stopped.append,
             control_log=self.control.append,
             server_log=self.server.append,
+            multi_user=multi_user,
+            client_memory=self.memory.append,
         )
 
     def say(self, line: str) -> str:
@@ -50,7 +53,7 @@ def test_log_only_errors_go_to_the_control_log() -> None:
 
 
 def test_servers_per_uid_clients_limits_and_terminate() -> None:
-    world = World()
+    world = World(multi_user=True)  # two UIDs at once: multi-user mode only
     world.say("set_default_active_thread_percentage 40")
     world.say("set_default_device_pinned_mem_limit 0 8192M")
     server = int(world.say("fake_connect_client 700 1000"))
