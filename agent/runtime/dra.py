@@ -298,7 +298,9 @@ class ClaimDriver:
         self, claim_uid: str, admitted: list[tuple[Share, Lease]], admin: list[tuple[Share, Device]]
     ) -> None:
         """Build the claim's CDI devices (reading the host's /dev and /proc now) and write
-        its spec, kept for a restart. Blocking: in a worker thread."""
+        its spec, kept for a restart. Without ``admin`` devices it fsyncs nothing and runs
+        on the event loop (cheaper than a thread hop); with them its record is synced to
+        the disk, so the caller runs it in a worker thread."""
         cdi = [self._cdi_device_of(s.key, x) for s, x in admitted]
         cdi += [admin_device(s.key, device, self._paths) for s, device in admin]
         kept = KeptSpec(

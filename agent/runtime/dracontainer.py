@@ -63,8 +63,9 @@ def device_nodes(device: Device, paths: DriverPaths) -> list[CdiDeviceNode]:
 
 
 def share_device(node: NodeService, paths: DriverPaths, share_key: str, lease: Lease) -> CdiDevice:
-    """The CDI device of one share (named by its key) admitted as ``lease``. Blocking (it
-    reads /dev and /proc): run it in a worker thread."""
+    """The CDI device of one share (named by its key) admitted as ``lease``. It stats the
+    device's nodes in /dev (and reads /proc for a MIG share): a few syscalls on local
+    pseudo-filesystems, called on the event loop by the claim driver."""
     env, edits = node.container_edits(lease)
     # the pipe directory read-only: a client cannot plant or remove what the next relies on
     mounts = [CdiMount(host, container, read_only=True) for host, container in edits]
@@ -79,6 +80,6 @@ def share_device(node: NodeService, paths: DriverPaths, share_key: str, lease: L
 def admin_device(share_key: str, device: Device, paths: DriverPaths) -> CdiDevice:
     """The CDI device of an ``adminAccess`` request: the device itself (its nodes, its UUID
     in ``NVIDIA_VISIBLE_DEVICES``) and no share of it: no MPS client environment, no
-    limits. Blocking, as :func:`share_device`."""
+    limits. The same few syscalls as :func:`share_device`."""
     env = {"NVIDIA_VISIBLE_DEVICES": device.uuid}
     return CdiDevice(share_key, env, (), device_nodes(device, paths), common=paths.common or None)
