@@ -168,7 +168,7 @@ class PodPlan:
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": self.name, "namespace": NAMESPACE},
-                "spec": {"containers": [container]},
+                "spec": {"securityContext": {"runAsUser": 1000}, "containers": [container]},
             }
         if self.ending == "graceful":
             pod["metadata"]["finalizers"] = [KUBELET_FINALIZER]

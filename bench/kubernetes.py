@@ -327,6 +327,7 @@ class Run:
                 limits={SHARE: 1},
                 scheduler_name=SCHEDULER_NAME,
                 finalizers=[FINALIZER],
+                run_as_user=1000,
             )
         plan.uid = stored["metadata"]["uid"]
         plan.created_at = time.monotonic()

@@ -77,6 +77,19 @@ def _listen(_ctx: click.Context, param: click.Parameter, value: str) -> str:
 )
 @file_option("--webhook-cert", "The webhook's TLS certificate.")
 @file_option("--webhook-key", "The webhook's TLS key.")
+@click.option(
+    "--run-as-user",
+    type=click.Choice(["required", "optional"]),
+    default="required",
+    show_default=True,
+    help="Whether a share pod must state the one UID its share runs as "
+    "(securityContext.runAsUser of the pod, or of each container that asks "
+    "gpushare.io/share): an MPS control daemon runs one server per UID at a time. "
+    "required: the webhook, the extender's filter and its bind refuse a pod whose share's "
+    "containers do not all state the same UID, and the filter keeps one UID per device. "
+    "optional: for nodes whose MPS daemons run multi-user (mps.multi_user): such pods pass; "
+    "a UID stated is still sent to the agents, which judge the one-user rule themselves.",
+)
 @seconds_option(
     "--reconcile-interval-s",
     60.0,
@@ -154,6 +167,7 @@ def kube_serve(**options: Any) -> None:
             resolve_s=options["bind_resolve_s"],
         ),
         leader=leader_from(options),
+        require_run_as_user=options["run_as_user"] == "required",
     )
     serve_until_stopped(_serve(options, cluster))
 

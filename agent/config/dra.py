@@ -84,6 +84,24 @@ class DraSettings:
     slice_min_interval_s: float = setting(
         1.0, "Least time between two writes of the node's ResourceSlice.", min=0.05
     )
+    require_run_as_user: bool = setting(
+        True,
+        "Refuse a share on an MPS device whose pod does not say which user its containers "
+        "run as (securityContext.runAsUser of the container or the pod): one MPS server "
+        "serves one user at a time, so the agent must know the share's user to keep shares "
+        "of two users off one device. Not applied where mps.multi_user is on. false: such "
+        "a share carries no user and is not checked (its processes wait in CUDA "
+        "initialisation while another user's run on the device).",
+    )
+    memory_policy: str = setting(
+        "report",
+        "A claim's share whose processes together use more device memory than the share "
+        "(MPS limits each process, not their sum): 'enforce' (its MPS clients are "
+        "terminated, only those of the pods the claim is reserved for, known by their "
+        "cgroup) or 'report' (a violation event and metric). janitor.memory_policy is the "
+        "same for leases admitted over gRPC.",
+        choices=("report", "enforce"),
+    )
     refusal_backoff_s: float = setting(
         10.0,
         "Seconds a device stays tainted gpushare.io/refused (NoSchedule) after the agent "

@@ -190,12 +190,15 @@ def _pod_uid(raw: str) -> str:
 
 
 def workload_matches(workload: str, facts: CgroupFacts) -> bool:
-    """Whether a lease's workload (``pod:``, ``container:``, ``unit:``) is this cgroup."""
+    """Whether a lease's workload (``pod:``, ``container:``, ``unit:``, or ``pods:`` with
+    pod UIDs joined by commas: the pods a shared claim is reserved for) is this cgroup."""
     kind, _, value = workload.partition(":")
     if not value:
         return False
     if kind == "pod":
         return facts.pod_uid == value.lower()
+    if kind == "pods":
+        return facts.pod_uid is not None and facts.pod_uid in value.lower().split(",")
     if kind == "container":
         return (
             facts.container_id is not None
@@ -207,7 +210,7 @@ def workload_matches(workload: str, facts: CgroupFacts) -> bool:
     return False
 
 
-_SPECIFICITY = {"container": 0, "unit": 1, "pod": 2}
+_SPECIFICITY = {"container": 0, "unit": 1, "pod": 2, "pods": 3}
 
 
 def matching_leases(facts: CgroupFacts, workloads: Mapping[str, str]) -> list[str]:

@@ -28,6 +28,11 @@ best-effort; burstable if unset), ``gpushare.io/gang`` with ``gpushare.io/gang-s
   that asks with annotations but requests no share is refused too.
 * Tenant and trust domain are the pod's namespace: a namespace's pods form one trust
   domain, and no annotation changes that.
+* The share's user: the UIDs (``runAsUser``, :mod:`agent.core.podusers`) of the containers
+  that ask ``gpushare.io/share`` (every container, for a pod that asks by annotation only);
+  ``run_as_uid`` is the one UID they all state, else None. MPS runs one server per UID at
+  a time, so with ``require_user`` each of them must state it, and the same one
+  (:func:`check_one_user`).
 * The request id is ``metadata.uid``. A new pod has none at admission (the API server sets
   it after the mutating webhooks), so ``request_id`` may be empty in the webhook; the
   scheduler extender and the binder always see it.
@@ -48,6 +53,7 @@ from typing import Any
 
 from agent.admission.sizing import SizingSpec
 from agent.core.errors import UnitError, ValidationError
+from agent.core.podusers import FIX, Users, run_as_user, users_of
 from agent.core.types import PriorityClass
 from agent.core.units import parse_bytes
 from agent.kube.bounded import shown
@@ -116,6 +122,12 @@ class PodAsk:
     trust_domain: str  # the namespace
     request_id: str  # metadata.uid; "" before the API server has set it (the webhook)
     shares: int
+    users: Users  # the UIDs the share's containers run as (share_users)
+
+    @property
+    def run_as_uid(self) -> int | None:
+        """The share's one UID; None where its containers do not all state the same one."""
+        return self.users.uid
 
 
 def mapping(value: object) -> Mapping[str, Any]:
@@ -157,8 +169,9 @@ def wants_share(pod: Mapping[str, Any]) -> bool:
     return any(name in annotations for name in REQUEST_ANNOTATIONS)
 
 
-def parse_ask(pod: Mapping[str, Any]) -> PodAsk:
-    """What the pod asks for; :class:`AnnotationError` for the first rule it breaks."""
+def parse_ask(pod: Mapping[str, Any], *, require_user: bool = False) -> PodAsk:
+    """What the pod asks for; :class:`AnnotationError` for the first rule it breaks (with
+    ``require_user``, :func:`check_one_user`'s too)."""
     meta = mapping(pod.get("metadata"))
     annotations = _annotations(meta)
     namespace = meta.get("namespace")
@@ -169,7 +182,7 @@ def parse_ask(pod: Mapping[str, Any]) -> PodAsk:
     priority = _priority(annotations.get(PRIORITY_ANNOTATION))
     gang_id, gang_size = _gang(annotations, namespace)
     uid = meta.get("uid")
-    return PodAsk(
+    ask = PodAsk(
         memory_bytes=memory_bytes,
         sizing=sizing,
         thread_pct=thread_pct,
@@ -180,7 +193,11 @@ def parse_ask(pod: Mapping[str, Any]) -> PodAsk:
         trust_domain=namespace,
         request_id=uid if isinstance(uid, str) else "",
         shares=_shares(pod),
+        users=share_users(pod),
     )
+    if require_user:
+        check_one_user(pod)
+    return ask
 
 
 def _annotations(meta: Mapping[str, Any]) -> dict[str, str]:
@@ -341,3 +358,35 @@ def _shares(pod: Mapping[str, Any]) -> int:
         reason = f"the pod requests {total} in all; a pod gets one lease, so one container"
         raise AnnotationError(RESOURCE, f"{reason} requests {RESOURCE}: 1")
     return total
+
+
+# -- the share's user --------------------------------------------------------------------
+
+
+def share_containers(pod: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The containers that use the pod's share, with their paths: those that ask
+    ``gpushare.io/share``, or every container of a pod that asks by annotation only."""
+    every = list(containers(pod))
+    return [(w, c) for w, c in every if share_request(c) is not None] or every
+
+
+def share_users(pod: Mapping[str, Any]) -> Users:
+    """The users of the containers that use the pod's share (:func:`share_containers`)."""
+    if any(share_request(c) is not None for _, c in containers(pod)):
+        return users_of(pod, lambda c: share_request(c) is not None)
+    return users_of(pod)
+
+
+def check_one_user(pod: Mapping[str, Any]) -> None:
+    """Each container of the share states its UID, the same one: :class:`AnnotationError`
+    naming the ``runAsUser`` of the first that does not."""
+    first: tuple[str, int] | None = None
+    for where, container in share_containers(pod):
+        uid, field = run_as_user(pod, container), f"{where}.securityContext.runAsUser"
+        if uid is None:
+            raise AnnotationError(field, f"the GPU share's user is not stated: {FIX}")
+        if first is None:
+            first = (where, uid)
+        elif uid != first[1]:
+            reason = f"is {uid}, but {first[0]} runs as {first[1]}: a share has one user; {FIX}"
+            raise AnnotationError(field, reason)

@@ -33,6 +33,11 @@ agent's ``lease.allocated`` event), its bind has failed, or its hold has expired
 comes, so its hold starts just before its Binding, however long the line. A pairing that
 still goes wrong is caught on the node by the PodResources check and refused at
 PreStartContainer.
+
+The share's UID (:attr:`agent.kube.annotations.PodAsk.run_as_uid`) goes with the Admit or
+Reserve, so the agent keeps one user per MPS server; with ``require_user`` (the default)
+a pod whose share's containers do not state one UID is not admitted
+(:func:`agent.kube.annotations.check_one_user`).
 """
 
 from __future__ import annotations
@@ -100,8 +105,10 @@ class Binder:
         *,
         pods: PodLookup | None = None,
         clock: Callable[[], float] = time.monotonic,
+        require_user: bool = True,
     ) -> None:
         self._api = api
+        self._require_user = require_user
         self._cache = cache
         self._options = options
         self._pods = pods
@@ -162,7 +169,7 @@ class Binder:
                 # would touch it
                 await self._kept.settle(uid, (bound, annotations_of(pod).get(LEASE_ANNOTATION, "")))
                 return "" if bound == node else f"pod {namespace}/{name} is bound to {bound}"
-            ask = parse_ask(pod)
+            ask = parse_ask(pod, require_user=self._require_user)
             assumed = self._cache.keep_assumed(uid, node)  # counted while it waits its turn
             with self._queued(node):
                 if ask.gang_id:
@@ -197,7 +204,7 @@ class Binder:
 
     async def _bind_one(self, pod: Obj, ask: PodAsk, node: str) -> None:
         link = link_of(self._cache, node)
-        fields = request_fields(pod, ask)
+        fields = _fields(pod, ask)
         kept = self._kept.get(pod["metadata"]["uid"])
         if kept is not None and kept.node == node:  # its lease is the one kept
             turn = self._kept.turn(pod["metadata"]["uid"], node)
@@ -277,7 +284,7 @@ class Binder:
         uid = meta["uid"]
         key = f"{meta['namespace']}/{ask.gang_id}"
         link = link_of(self._cache, node)
-        fields = request_fields(pod, ask)
+        fields = _fields(pod, ask)
         ttl_s = self._options.gang_ttl_s
         answer = await self._granted(
             node,
@@ -358,3 +365,12 @@ class Binder:
             self.queued[node] -= 1
             if not self.queued[node]:
                 del self.queued[node]
+
+
+def _fields(pod: Obj, ask: PodAsk) -> dict[str, Any]:
+    """The agent request for the pod (:func:`request_fields`), with the share's UID when it
+    states one."""
+    fields = request_fields(pod, ask)
+    if ask.run_as_uid is not None:
+        fields["run_as_uid"] = ask.run_as_uid
+    return fields

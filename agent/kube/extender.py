@@ -15,6 +15,14 @@ arguments that are not the names of a pod and a node. kube-scheduler counts any 
 but 200 as the call's failure and never sends such a body; the protocol's own answers (a
 pod whose annotations do not parse: every node failed and unresolvable; a bind the agent
 refused: ``Error``) stay HTTP 200.
+
+The share's user (``kube serve --run-as-user``): with ``require_user`` (the default) a pod
+whose share's containers do not state one UID fails every node with the same sentence
+(:func:`agent.kube.annotations.check_one_user`: the field and how to fix it), and the UID
+goes into each decision, so a device whose MPS server runs as another UID is filtered out
+(``USER_CONFLICT``), as its agent would refuse it. Without it (nodes whose MPS daemons run
+multi-user) a stated UID is still sent, and the one-user rule is left to the agents: the
+cached state does not say which nodes run multi-user.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -69,14 +78,18 @@ def admission_of(ask: PodAsk) -> AdmissionRequest:
         priority=ask.priority,
         memory_bytes=ask.memory_bytes,
         thread_pct=ask.thread_pct,
+        run_as_uid=ask.run_as_uid,
     )
 
 
 class Extender:
-    def __init__(self, cache: AgentCache, binder: Binder, rules: Rules) -> None:
+    def __init__(
+        self, cache: AgentCache, binder: Binder, rules: Rules, *, require_user: bool = True
+    ) -> None:
         self.cache = cache
         self.binder = binder
-        self.rules = rules
+        self.require_user = require_user
+        self.rules = rules if require_user else replace(rules, one_user_per_device=False)
         # per node: the views the decisions were made on, and the decisions by request
         self._memo: dict[str, tuple[object, dict[tuple[object, ...], tuple[float, Decision]]]] = {}
 
@@ -84,7 +97,7 @@ class Extender:
         self, pod: Mapping[str, Any], nodes: Sequence[str]
     ) -> tuple[dict[str, Decision], dict[str, str]]:
         """Per node: the agent's rules' decision, or why the node cannot be asked."""
-        request = admission_of(parse_ask(pod))
+        request = admission_of(parse_ask(pod, require_user=self.require_user))
         decided: dict[str, Decision] = {}
         failed: dict[str, str] = {}
         now = time.time()
@@ -115,6 +128,7 @@ class Extender:
             request.priority,
             request.memory_bytes,
             request.thread_pct,
+            request.run_as_uid,
         )
         known = memo[1].get(key)
         if known is not None and now - known[0] <= MEMO_S:

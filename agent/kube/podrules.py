@@ -4,8 +4,11 @@
 Each rule that a pod breaks is a :class:`Refusal` with the field and the reason, which
 ``kubectl apply`` prints as it is:
 
-* 400: a bad gpushare.io/ annotation or share request (:func:`parse_ask`), or a pod that
-  names another scheduler than ``gpushare``.
+* 400: a bad gpushare.io/ annotation or share request (:func:`parse_ask`), a pod that
+  names another scheduler than ``gpushare``, or (with ``require_user``, ``kube serve
+  --run-as-user required``) a share whose containers do not all state one UID in
+  ``securityContext.runAsUser``, theirs or the pod's (:func:`check_one_user`: MPS runs
+  one server per UID at a time).
 * 403: a privileged container (``securityContext.privileged``), a capability added beyond
   Pod Security's baseline profile (:data:`BASELINE_CAPABILITIES`: ``SYS_ADMIN``,
   ``SYS_PTRACE``, ``NET_ADMIN``, ``ALL``, ...); the node's namespaces (``hostPID``,
@@ -103,7 +106,8 @@ def text_of(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def check_new_pod(pod: Mapping[str, Any]) -> None:
+def check_new_pod(pod: Mapping[str, Any], *, require_user: bool = True) -> None:
+    """A new pod; with ``require_user``, a share pod states its share's one UID."""
     annotations = _annotations(pod)
     for name in CLUSTER_ANNOTATIONS:
         if name in annotations:
@@ -112,7 +116,7 @@ def check_new_pod(pod: Mapping[str, Any]) -> None:
             )
     if not wants_share(pod):
         return
-    _parse(pod)
+    _parse(pod, require_user=require_user)
     spec = mapping(pod.get("spec"))
     scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
     if scheduler not in (DEFAULT_SCHEDULER, SCHEDULER_NAME):
@@ -156,9 +160,9 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return mapping(mapping(pod.get("metadata")).get("annotations"))
 
 
-def _parse(pod: Mapping[str, Any]) -> None:
+def _parse(pod: Mapping[str, Any], *, require_user: bool = False) -> None:
     try:
-        parse_ask(pod)
+        parse_ask(pod, require_user=require_user)
     except AnnotationError as exc:
         raise Refusal(400, exc.field, exc.reason) from None
 

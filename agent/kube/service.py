@@ -54,6 +54,9 @@ class ClusterOptions:
     node_state_interval_s: float = 30.0
     lease_grace_s: float = 60.0  # a younger lease may belong to a bind in flight
     rules: Rules = field(default_factory=Rules)
+    # a share pod must state the one UID its share runs as (``--run-as-user required``):
+    # the webhook, the extender's filter and its bind refuse one that does not
+    require_run_as_user: bool = True
     # the controller and the node-state publisher in the Lease holder only; None: here
     leader: LeaderOptions | None = None
 
@@ -125,8 +128,11 @@ class ClusterSide:
             grace_s=options.lease_grace_s,
         )
         # the binder reads a pod from the controller's informer, not from the API per bind
-        self.binder = Binder(api, self.cache, options.bind, pods=self.controller.pod)
-        self.extender = Extender(self.cache, self.binder, options.rules)
+        require_user = options.require_run_as_user
+        self.binder = Binder(
+            api, self.cache, options.bind, pods=self.controller.pod, require_user=require_user
+        )
+        self.extender = Extender(self.cache, self.binder, options.rules, require_user=require_user)
         self.extender_port = 0
         self.webhook_port = 0
         self.elector: LeaderElector | None = None
@@ -147,7 +153,11 @@ class ClusterSide:
 
             tls = ReloadingTls(options.webhook_cert_file, options.webhook_key_file)
             hooked = await stack.enter_async_context(
-                site(build_webhook_app(), options.webhook_listen, tls.context)
+                site(
+                    build_webhook_app(require_user=options.require_run_as_user),
+                    options.webhook_listen,
+                    tls.context,
+                )
             )
             self.webhook_port = _port_of(hooked)
             log.info("webhook serving on %s (port %d)", options.webhook_listen, self.webhook_port)

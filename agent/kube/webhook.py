@@ -5,6 +5,8 @@ ValidatingWebhookConfiguration, CREATE and UPDATE of ``pods`` and
 ``pods/ephemeralcontainers``) judge a pod that wants a GPU share
 (:func:`agent.kube.annotations.wants_share`) by the rules of :mod:`agent.kube.podrules`
 and refuse it with the field and the reason, which ``kubectl apply`` prints as it is.
+``require_user`` (``kube serve --run-as-user``, required by default) asks a new share pod
+to state its share's one UID (``securityContext.runAsUser``).
 
 On CREATE, ``/mutate`` answers a JSONPatch that sets ``spec.schedulerName: gpushare``
 (when unset or ``default-scheduler``) and adds the finalizer ``gpushare.io/lease`` (once).
@@ -136,7 +138,7 @@ def _in_namespace(pod: Mapping[str, Any], namespace: object) -> Mapping[str, Any
 # -- the checks --------------------------------------------------------------------------
 
 
-def check(review: Review) -> None:
+def check(review: Review, *, require_user: bool = True) -> None:
     """Raise :class:`Refusal` for a pod this review may not create or change."""
     if not review.of_pod:
         return
@@ -145,7 +147,7 @@ def check(review: Review) -> None:
     elif review.sub_resource:
         return
     elif review.operation == "CREATE":
-        check_new_pod(review.pod)
+        check_new_pod(review.pod, require_user=require_user)
     elif review.operation == "UPDATE":
         check_update(review.old, review.pod)
 
@@ -169,11 +171,11 @@ def mutation(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     return operations
 
 
-def answer(review: Review, *, mutate: bool) -> dict[str, Any]:
+def answer(review: Review, *, mutate: bool, require_user: bool = True) -> dict[str, Any]:
     """The AdmissionReview to send back."""
     response: dict[str, Any] = {"uid": review.uid, "allowed": True}
     try:
-        check(review)
+        check(review, require_user=require_user)
     except Refusal as refusal:
         log.info(
             "refused %s of pod %s: %s",
@@ -201,7 +203,7 @@ def _name(review: Review) -> str:
     return f"{review.namespace or text_of(meta.get('namespace'))}/{name}"
 
 
-async def _review(request: web.Request, *, mutate: bool) -> web.Response:
+async def _review(request: web.Request, *, mutate: bool, require_user: bool) -> web.Response:
     try:
         body = load_json(
             await request.read(), max_depth=MAX_REVIEW_DEPTH, max_values=MAX_REVIEW_VALUES
@@ -210,25 +212,25 @@ async def _review(request: web.Request, *, mutate: bool) -> web.Response:
     except (Unreadable, MalformedReview) as exc:
         log.warning("%s: not an AdmissionReview: %s", request.path, printable(str(exc)))
         raise web.HTTPBadRequest(text=f"not an AdmissionReview: {exc}") from None
-    return web.json_response(answer(review, mutate=mutate))
-
-
-async def _mutate(request: web.Request) -> web.Response:
-    return await _review(request, mutate=True)
-
-
-async def _validate(request: web.Request) -> web.Response:
-    return await _review(request, mutate=False)
+    return web.json_response(answer(review, mutate=mutate, require_user=require_user))
 
 
 async def _healthz(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def build_webhook_app() -> web.Application:
+def build_webhook_app(*, require_user: bool = True) -> web.Application:
+    """``require_user``: a new share pod must state its share's one UID."""
+
+    async def mutate(request: web.Request) -> web.Response:
+        return await _review(request, mutate=True, require_user=require_user)
+
+    async def validate(request: web.Request) -> web.Response:
+        return await _review(request, mutate=False, require_user=require_user)
+
     app = web.Application(client_max_size=MAX_REVIEW_BYTES)
-    app.router.add_post("/mutate", _mutate)
-    app.router.add_post("/validate", _validate)
+    app.router.add_post("/mutate", mutate)
+    app.router.add_post("/validate", validate)
     app.router.add_get("/healthz", _healthz)
     return app
 
@@ -244,10 +246,12 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return context
 
 
-async def serve_webhook(host: str, port: int, cert_file: str, key_file: str) -> None:
+async def serve_webhook(
+    host: str, port: int, cert_file: str, key_file: str, *, require_user: bool = True
+) -> None:
     """Serve the webhook over HTTPS until cancelled."""
     context = tls_context(cert_file, key_file)
-    runner = web.AppRunner(build_webhook_app(), access_log=None)
+    runner = web.AppRunner(build_webhook_app(require_user=require_user), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port, ssl_context=context).start()

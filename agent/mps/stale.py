@@ -85,6 +85,10 @@ class Policy:
     unknown_clients: str = "report"  # or "terminate"
     exit_grace_s: float = 60.0
     memory: str = "report"  # or "enforce"
+    claim_memory: str = "report"  # the same, for a DRA claim's leases
+
+    def memory_of(self, lease: Lease) -> str:
+        return self.claim_memory if lease.held_by_claim else self.memory
 
 
 def clients_on(
@@ -240,7 +244,7 @@ def _violation(lease: Lease, used: int, facts: Facts, policy: Policy) -> Action:
         f"lease {lease.lease_id} uses {format_bytes(used)} of device memory, over its "
         f"limit {format_bytes(lease.memory_bytes)}"
     )
-    enforce = policy.memory == "enforce"
+    enforce = policy.memory_of(lease) == "enforce"
     if enforce and (clients or not hinted):
         said += f": terminate its {len(clients)} client(s)"
     if enforce and hinted:

@@ -296,6 +296,8 @@ class App:
             sampler=self.sampler,
             clock=self.clock,
         )
+        if self.dra is not None:  # a shared claim's processes: known by its pods' cgroups
+            self.control.janitor.attributor.bound_now = self.dra.driver.bound_now
         self.control.spawn(self.supervisor)
         connect_sim_counters(self.telemetry, self.node, self.gate)
         self.learning = await start_learning(self)

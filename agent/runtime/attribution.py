@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from agent.core.identity import NO_LEASE, Attribution, ProcessIdentity, attribute
 from agent.core.lease import Lease
@@ -28,6 +28,9 @@ class ProcessAttributor:
         self._cache = cache or IdentityCache()
         self._reported: set[tuple[int, int]] = set()  # (PID, start time)
         self.mismatches_total = 0
+        # lease id -> the workload it is bound to now, for leases whose stored one says
+        # less (a shared claim's lease: the pods the claim is reserved for, as last read)
+        self.bound_now: Callable[[], Mapping[str, str]] = dict
 
     async def attribute(
         self, pids: Iterable[int], leases: Iterable[Lease]
@@ -36,6 +39,7 @@ class ProcessAttributor:
         wanted = set(pids)
         identities = await asyncio.to_thread(self._cache.lookup, wanted)
         workloads = {x.lease_id: x.workload for x in leases}
+        workloads |= {k: v for k, v in self.bound_now().items() if k in workloads}
         found = {pid: NO_LEASE for pid in wanted}
         for pid, identity in identities.items():
             found[pid] = attribute(identity, workloads)

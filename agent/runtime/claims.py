@@ -64,6 +64,7 @@ class ShareAsk:
     share: Share
     device_uuid: str
     config: ShareConfig
+    run_as_uid: int | None = None  # the UID of the claim's pods (agent.runtime.drausers)
 
 
 def owner_pod(claim: Mapping[str, object]) -> tuple[str, str] | None:
@@ -106,6 +107,7 @@ def admission_request(
         workload=workload,
         pod=pod,
         owner=OWNER,
+        run_as_uid=ask.run_as_uid,
     )
 
 

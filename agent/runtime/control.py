@@ -66,7 +66,9 @@ def build_control(
         gpu=ports.gpu,
         events=events,
         clock=clock,
-        policy=Policy(j.unknown_clients, j.exit_grace_s, j.memory_policy),
+        policy=Policy(
+            j.unknown_clients, j.exit_grace_s, j.memory_policy, settings.dra.memory_policy
+        ),
         interval_s=j.interval_s,
         actions=actions,
         attributor=attributor,

@@ -40,7 +40,6 @@ from agent.runtime.claims import (
     ShareAsk,
     ShareLeases,
     claim_leases,
-    claim_uid_of,
     one_share_per_request,
     share_of,
 )
@@ -52,7 +51,8 @@ from agent.runtime.drainventory import (
     inventory,
     stated_floor,
 )
-from agent.runtime.draspecs import KeptSpec, Restored, SpecKeeper
+from agent.runtime.draspecs import KeptSpec, SpecKeeper
+from agent.runtime.drausers import ClaimPods, on_mps, with_user
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.runtime.section import run_to_end
@@ -100,6 +100,7 @@ class ClaimDriver:
         self._health: list[DeviceHealth] = []
         self.refused_until: dict[str, float] = {}  # device name -> monotonic deadline
         self.binding_admitted = self.binding_refused = 0  # shares answered (AnswerClaim)
+        self.pods = ClaimPods()  # whom a shared claim's processes belong to
         self.refresh()
 
     @property
@@ -142,6 +143,10 @@ class ClaimDriver:
     def live_leases(self) -> list[Lease]:
         """The node's live leases (the claims' among them)."""
         return list(self._node.leases.values())
+
+    def bound_now(self) -> dict[str, str]:
+        """Lease id -> the pods a shared claim's lease is bound to now (the attributor's)."""
+        return self.pods.bound_now(self._node.leases.values())
 
     def health(self) -> Sequence[DeviceHealth]:
         return list(self._health)
@@ -200,6 +205,7 @@ class ClaimDriver:
             raise ClaimError(f"claim {ref.namespace}/{ref.name} was replaced (UID differs)")
         if allocation(claim) is None:
             raise ClaimError(f"claim {ref.namespace}/{ref.name} is not allocated")
+        self.pods.saw(claim)
         return claim
 
     async def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, object]) -> Prepared:
@@ -216,6 +222,8 @@ class ClaimDriver:
         one_share_per_request(mine)
         asks = [self.ask(claim, share) for share in mine]
         admin = [(s, self._device(s)) for s in found if s.admin]
+        if any(self.leases.live(ref.uid, a.share) is None for a in asks):
+            asks = await self.with_user(claim, asks)  # a lease to admit: whose is it?
         admitted: list[tuple[Share, Lease]] = []
         fresh: list[str] = []
         try:
@@ -267,9 +275,18 @@ class ClaimDriver:
         config = share_config(claim, self.driver_name, share.request)
         return ShareAsk(claim, share, device.uuid, config)
 
-    async def admit_share(self, claim: Mapping[str, object], share: Share) -> Lease:
+    async def with_user(
+        self, claim: Mapping[str, object], asks: Sequence[ShareAsk]
+    ) -> list[ShareAsk]:
+        """``asks`` with the user of the claim's pods (:mod:`agent.runtime.drausers`)."""
+        self.pods.saw(claim)
+        rule_on = self.settings.require_run_as_user and self._rules.one_user_per_device
+        required = rule_on and on_mps(asks, self._node.devices)
+        return await with_user(self._api, claim, asks, required=required)
+
+    async def admit_ask(self, ask: ShareAsk) -> Lease:
         """The share's lease (admitted now, or before), or ClaimError saying why not."""
-        return await self._admit(self.ask(claim, share))
+        return await self._admit(ask)
 
     async def _admit(self, ask: ShareAsk) -> Lease:
         result = await self.leases.admit(ask)
@@ -323,34 +340,6 @@ class ClaimDriver:
                 return None
             cdi.append(admin_device(key, device, self._paths))
         return claim_spec(uid, cdi) if cdi else None
-
-    async def restore_specs(self) -> Restored:
-        """Write again the specs of the claims still prepared (a reboot emptied the CDI
-        directory; the kubelet will not ask again): before the plugin serves. The worker
-        thread works from a copy of the live leases taken here, on the event loop (the
-        device plugin may admit or release meanwhile)."""
-        leases = list(self._node.leases.values())
-
-        def live(uid: str) -> list[str]:
-            return [x.lease_id for x in claim_leases(leases, uid)]
-
-        def rebuild(kept: KeptSpec) -> Mapping[str, object] | None:
-            try:
-                return self.rebuilt(kept, leases)
-            except Exception as exc:  # a node missing now: the kept copy goes back as it was
-                log.warning("CDI spec of claim %s not rebuilt (%s)", kept.claim_uid, exc)
-                return None
-
-        leased = {claim_uid_of(x.request_id) or "" for x in leases if x.held_by_claim} - {""}
-        done = await asyncio.to_thread(self.specs.restore, live, rebuild, leased)
-        for what, uids in (
-            ("written again", done.written),
-            ("dropped", done.dropped),
-            ("rebuilt from the ledger", done.rebuilt),
-        ):
-            if uids:
-                log.info("CDI specs %s at start: %d claim(s)", what, len(uids))
-        return done
 
     def _cdi_device_of(self, key: str, lease: Lease) -> CdiDevice:
         return share_device(self._node, self._paths, key, lease)

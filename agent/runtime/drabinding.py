@@ -25,7 +25,7 @@ from agent.core.lease import Lease
 from agent.core.types import ReasonCode
 from agent.core.units import format_bytes
 from agent.dra.claims import ClaimError, Share, metadata, pending_conditions, shares
-from agent.runtime.claims import one_share_per_request
+from agent.runtime.claims import ShareAsk, one_share_per_request
 from agent.runtime.dra import ClaimDriver
 from agent.runtime.section import run_to_end
 
@@ -73,7 +73,9 @@ async def _decide(driver: ClaimDriver, claim: Mapping[str, Any], uid: str) -> li
     waiting, mine = _read(driver, claim)
     if not waiting:
         return []
-    refusal = _asks_refused(driver, claim, waiting, mine)
+    refusal, asks = _asks_refused(driver, claim, waiting, mine)
+    if not refusal:
+        refusal, asks = await _with_user(driver, claim, asks)
     if not refusal:  # a claim refused for what it asks gets nothing kept on the node
         await _remember(driver, claim, uid)
     refused_on = ""  # the device whose ledger said no: it backs off
@@ -83,7 +85,7 @@ async def _decide(driver: ClaimDriver, claim: Mapping[str, Any], uid: str) -> li
             answers.append(_answer(share, True, "AdminAccess", ADMIN_MESSAGE))
             continue
         try:
-            lease = await driver.admit_share(claim, share)
+            lease = await driver.admit_ask(asks[share.key])
         except (ClaimError, GpushareError) as exc:
             refusal = str(exc)
             refused_on = share.device if reason_of(refusal) in DEVICE_REFUSALS else ""
@@ -135,21 +137,36 @@ async def _remember(driver: ClaimDriver, claim: Mapping[str, Any], uid: str) -> 
 
 def _asks_refused(
     driver: ClaimDriver, claim: Mapping[str, Any], waiting: list[Share], mine: list[Share]
-) -> str:
+) -> tuple[str, dict[str, ShareAsk]]:
     """What the claim asks, checked before anything is admitted: one share per request,
-    each waiting share's device published here and its configuration; the refusal, or ""."""
+    each waiting share's device published here and its configuration; the refusal (or
+    ""), and the waiting shares' asks by share key."""
     try:
         one_share_per_request(mine)
-        for share in waiting:
-            if not share.admin:
-                driver.ask(claim, share)
+        asks = {s.key: driver.ask(claim, s) for s in waiting if not s.admin}
     except ClaimError as exc:
-        return str(exc)
+        return str(exc), {}
     except (AttributeError, TypeError, ValueError) as exc:  # its config of the wrong type
         raise ValidationError(
             FIELD, f"is not a ResourceClaim (its configuration is malformed: {type(exc).__name__})"
         ) from None
-    return ""
+    return "", asks
+
+
+async def _with_user(
+    driver: ClaimDriver, claim: Mapping[str, Any], asks: dict[str, ShareAsk]
+) -> tuple[str, dict[str, ShareAsk]]:
+    """The asks with the user of the claim's pods (read only when a share is to be
+    admitted); a claim that cannot say one where it must, is used by two, or gives one
+    container two shares is refused for what it asks: no device backs off."""
+    uid = str(metadata(claim).get("uid") or "")
+    if all(driver.leases.live(uid, a.share) is not None for a in asks.values()):
+        return "", asks  # asked again: its leases stand as they are, read no pod
+    try:
+        told = await driver.with_user(claim, list(asks.values()))
+    except ClaimError as exc:
+        return str(exc), {}
+    return "", {a.share.key: a for a in told}
 
 
 def _answer(share: Share, admitted: bool, reason: str, message: str) -> ShareAnswer:

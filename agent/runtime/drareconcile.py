@@ -13,6 +13,12 @@ timeout) or a claim that cannot be decoded leaves the claim for the next pass. I
 entries of claims that hold neither a lease nor a spec (a Prepare or a binding answer that
 admitted nothing) are removed.
 
+A pass also keeps the pods each claim is reserved for (whom a shared claim's processes
+belong to, :class:`agent.runtime.drausers.ClaimPods`), and reads once each pod that joined a
+claim already admitted: one that runs as another user than the claim's shares is told
+(``dra.user_conflict``), as its processes would wait for the MPS server of that user. A
+pass costs one GET more per such pod, once.
+
 Leases of the previous release have no index entry. Their claim's name is found once, then
 written to the index: through the lease's pod (``Lease.pod``: its ``status.
 resourceClaimStatuses`` and ``spec.resourceClaims`` name its claims; each named one is
@@ -32,13 +38,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.core.errors import GpushareError
+from agent.core.errors import GpushareError, StateError
 from agent.core.lease import Lease
 from agent.dra.claims import ClaimError, metadata, results_here
 from agent.kubeapi.port import KubeError, NotFound, Obj, ResourceApi
 from agent.runtime.claims import claim_uid_of, share_of
 from agent.runtime.dra import ClaimDriver
 from agent.runtime.draindex import ClaimName
+from agent.runtime.drausers import claim_key, joined_message, pods_users
 from agent.runtime.section import run_to_end
 
 log = logging.getLogger(__name__)
@@ -114,6 +121,10 @@ class Reconciler:
         if claim is not None and metadata(claim).get("uid") != uid:
             claim = None  # replaced: another claim of that name
         driver = self._driver
+        if claim is not None:  # the pods its processes may run in now
+            joined = driver.pods.saw(claim)
+            if joined and leases:
+                await self._check_joined(claim, leases, joined)
         try:
             found = (
                 [] if claim is None else results_here(claim, driver.driver_name, driver.node_name)
@@ -138,6 +149,25 @@ class Reconciler:
             await self._release(uid, stale, now.started)
         elif not here and not leases:
             await self._drop(uid, "its claim is gone from this node")
+
+    async def _check_joined(
+        self, claim: Obj, leases: list[Lease], joined: list[tuple[str, str]]
+    ) -> None:
+        """Pods that joined a claim already admitted (a shared claim's next user: no
+        binding answer, no Prepare) are read once: ``dra.user_conflict`` when they run as
+        another user than its shares, whose MPS server would keep them waiting."""
+        share_uids = frozenset(x.run_as_uid for x in leases if x.run_as_uid is not None)
+        if not share_uids:
+            return
+        try:
+            users = await pods_users(self._api, claim, joined)
+        except StateError as exc:
+            log.info("claim %s: its new pods not checked: %s", claim_key(claim), exc)
+            return
+        message = joined_message(claim_key(claim), users, share_uids)
+        if message:
+            log.warning("%s", message)
+            self._driver.note("dra.user_conflict", message, claim)
 
     async def _get(self, namespace: str, name: str) -> Obj | None:
         """The claim of that name; None when there is none."""

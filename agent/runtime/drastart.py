@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from agent.admission.policy import Rules
 from agent.api.dra_metrics import DraStats
@@ -25,10 +25,12 @@ from agent.dra.service import DraService
 from agent.kubeapi.port import ResourceApi
 from agent.kubeapi.rest import RestKubeApi
 from agent.runtime import checks
+from agent.runtime.claims import claim_leases, claim_uid_of
 from agent.runtime.dra import ClaimDriver
 from agent.runtime.dracontainer import DriverPaths, SharedMemory
 from agent.runtime.drainventory import FloorOf, stated_floor
 from agent.runtime.drareconcile import Reconciler
+from agent.runtime.draspecs import KeptSpec, Restored
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 from agent.runtime.tasks import Supervisor
@@ -180,7 +182,7 @@ async def start_dra_driver(
         publisher=publisher,
         floor_of=floor_of,
     )
-    await driver.restore_specs()
+    await restore_specs(driver)
     service = DraService(driver)
     driver.on_health = service.health_changed
     server = DraPluginServer(
@@ -195,3 +197,32 @@ async def start_dra_driver(
         len(driver.inventory.devices),
     )
     return DraDriver(driver, server, publisher, reconciler, api, events)
+
+
+async def restore_specs(driver: ClaimDriver) -> Restored:
+    """Write again the specs of the claims still prepared (a reboot emptied the CDI
+    directory; the kubelet will not ask again): before the plugin serves. The worker
+    thread works from a copy of the live leases taken here, on the event loop (the device
+    plugin may admit or release meanwhile)."""
+    leases = driver.live_leases()
+
+    def live(uid: str) -> list[str]:
+        return [x.lease_id for x in claim_leases(leases, uid)]
+
+    def rebuild(kept: KeptSpec) -> Mapping[str, object] | None:
+        try:
+            return driver.rebuilt(kept, leases)
+        except Exception as exc:  # a node missing now: the kept copy goes back as it was
+            log.warning("CDI spec of claim %s not rebuilt (%s)", kept.claim_uid, exc)
+            return None
+
+    leased = {claim_uid_of(x.request_id) or "" for x in leases if x.held_by_claim} - {""}
+    done = await asyncio.to_thread(driver.specs.restore, live, rebuild, leased)
+    for what, uids in (
+        ("written again", done.written),
+        ("dropped", done.dropped),
+        ("rebuilt from the ledger", done.rebuilt),
+    ):
+        if uids:
+            log.info("CDI specs %s at start: %d claim(s)", what, len(uids))
+    return done

@@ -51,7 +51,13 @@ CERTIFICATES: dict[str, dict[str, Any]] = {
     },
 }
 CERT_MANAGER = "cert-manager.io/v1"
-DRA_KINDS = {"DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+# The DRA path's own objects, (kind, name): none on the extender path (the run-as-user
+# policies of each path: tests/deploy/test_run_as_user_policy.py).
+DRA_OBJECTS = {
+    ("DeviceClass", "gpushare.io"),
+    ("ValidatingAdmissionPolicy", "gpushare-dra-own-node-slices"),
+    ("ValidatingAdmissionPolicyBinding", "gpushare-dra-own-node-slices"),
+}
 
 
 def load_render_module() -> Any:
@@ -117,9 +123,10 @@ def test_every_rendered_object_validates_for_the_versions_of_its_path(
     """Strict: no unknown field, every kind but cert-manager's has a schema in each version."""
     docs = objects({"path": path, "certificates": CERTIFICATES[certificates]})
     versions = EXTENDER_VERSIONS if path == "extender" else DRA_VERSIONS
-    kinds = set()
+    kinds, named = set(), set()
     for doc in docs:
         kinds.add(doc["kind"])
+        named.add((doc["kind"], doc["metadata"]["name"]))
         if doc["apiVersion"] == CERT_MANAGER:
             continue  # a CRD: checked below
         for version in versions:
@@ -129,8 +136,8 @@ def test_every_rendered_object_validates_for_the_versions_of_its_path(
                 pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} on {version}: {error}")
     assert {"DaemonSet", "ConfigMap", "Service", "ServiceAccount", "NetworkPolicy"} <= kinds
     assert "Deployment" in kinds  # the scheduler's, the DRA controller's
-    assert (kinds >= DRA_KINDS) == (path != "extender")
-    assert not (DRA_KINDS & kinds) or path != "extender"
+    assert (named >= DRA_OBJECTS) == (path != "extender")
+    assert not (DRA_OBJECTS & named) or path != "extender"
 
 
 @pytest.mark.parametrize("certificates", CERTIFICATES)
@@ -242,7 +249,7 @@ def test_image_namespace_placement_runtime_group_and_versions_come_from_the_valu
     assert scheduler["gpushare"]["image"] == "registry.example.com/team/gpushare-agent:9.9.9"
     assert "--agents-namespace=gpu-infra" in scheduler["gpushare"]["args"]
     assert agent_config(docs)["mps"]["client_group"] == "mpsusers"
-    policy = find(docs, "ValidatingAdmissionPolicy")
+    policy = find(docs, "ValidatingAdmissionPolicy", "gpushare-dra-own-node-slices")
     assert "system:serviceaccount:gpu-infra:gpushare-agent" in str(policy["spec"])
 
 

@@ -279,8 +279,8 @@ def test_the_role_is_bound_to_the_agents_account_and_no_other() -> None:
 
 def test_the_slice_policy_holds_the_agents_to_their_own_nodes_slices() -> None:
     path = DRA / "slice-policy.yaml"
-    policy = find(path, "ValidatingAdmissionPolicy")
-    binding = find(path, "ValidatingAdmissionPolicyBinding")
+    policy = find(path, "ValidatingAdmissionPolicy", "gpushare-dra-own-node-slices")
+    binding = find(path, "ValidatingAdmissionPolicyBinding", "gpushare-dra-own-node-slices")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert "matchResources" not in binding["spec"]  # every namespace: slices have none

@@ -178,7 +178,8 @@ def test_each_manifest_validates_against_the_kubernetes_schema(manifest: Path) -
     for document in documents(manifest):
         assert document["apiVersion"] and document["kind"] and document["metadata"]["name"]
         if document["kind"] not in ("ClusterRole", "ClusterRoleBinding", "Namespace"):
-            if document["kind"].endswith("WebhookConfiguration"):
+            cluster_scoped = ("WebhookConfiguration", "AdmissionPolicy", "AdmissionPolicyBinding")
+            if document["kind"].endswith(cluster_scoped):
                 continue
             assert document["metadata"].get("namespace"), f"{manifest.name}: {document['kind']}"
 

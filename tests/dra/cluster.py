@@ -460,12 +460,18 @@ def claim_template(name: str, namespace: str = "default", **capacity: str) -> Ob
     }
 
 
-def claim_pod(name: str, template: str, namespace: str = "default") -> Obj:
+def claim_pod(
+    name: str, template: str, namespace: str = "default", *, run_as_user: int | None = 1000
+) -> Obj:
+    """A pod of one container using a claim from ``template``; it runs as ``run_as_user``
+    (pod-level securityContext, as the chart's policy requires), None: not said."""
+    security = {} if run_as_user is None else {"securityContext": {"runAsUser": run_as_user}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
+            **security,
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
             "containers": [
                 {"name": "main", "image": "app", "resources": {"claims": [{"name": "gpu"}]}}

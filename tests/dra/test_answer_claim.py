@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +24,13 @@ from agent.api.proto import agent_pb2 as pb
 from agent.client import AgentClient
 from agent.runtime.app import App
 from tests.dra.fixtures import DRIVER, NODE
-from tests.helpers import fake_ports, running_app, sim_settings
+from tests.helpers import running_app, sim_settings
 from tests.kube.apiserver import FakeApiServer
 
 BINDING = {
     "bindingConditions": ["gpushare.io/admitted"],
     "bindingFailureConditions": ["gpushare.io/refused"],
 }
-
-
-@pytest.fixture
-async def agent(root: Path, driver_settings: dict[str, object]) -> AsyncIterator[App]:
-    """A simulated node of two 80 GiB GPUs (gpu-0, gpu-1), the DRA driver on."""
-    settings = sim_settings(
-        root,
-        **{"estimator.model_dir": "none", "dra.refusal_backoff_s": 30, **driver_settings},
-    )
-    async with running_app(settings, fake_ports(2)) as app:
-        yield app
 
 
 def result(device: str, request: str = "gpu", *, pool: str = NODE, **extra: Any) -> dict[str, Any]:

@@ -78,13 +78,22 @@ async def explore(check: Callable[[int], Awaitable[bool]]) -> int:
     raise AssertionError(f"no call ended within {MOST_STEPS} loop steps")
 
 
+def reserved(api: FakeApiServer, claim: dict[str, Any]) -> dict[str, Any]:
+    """``claim`` reserved for a pod of UID 1000 (its read is one more await to cut)."""
+    meta = claim["metadata"]
+    pod = api.create_pod(f"{meta['name']}-pod", meta["namespace"], run_as_user=1000)
+    ref = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+    claim["status"]["reservedFor"] = [ref]
+    return claim
+
+
 async def test_a_binding_answer_cancelled_at_any_await_is_found_whole_by_the_next_ask(
-    app: App,
+    app: App, api: FakeApiServer
 ) -> None:
     driver, _ = parts(app)
 
     async def check(steps: int) -> bool:
-        claim = waiting_claim(waiting_result("gpu-0"))
+        claim = reserved(api, waiting_claim(waiting_result("gpu-0")))
         uid = uid_of(claim)
         ended = await cancelled_after(steps, lambda: decide(driver, claim))
         leases = [x for x in driver.live_leases() if uid in x.request_id]
@@ -95,6 +104,7 @@ async def test_a_binding_answer_cancelled_at_any_await_is_found_whole_by_the_nex
         again = [x.lease_id for x in driver.live_leases() if uid in x.request_id]
         assert again == [x.lease_id for x in leases] or not leases, f"step {steps}"
         assert len(again) == 1
+        assert [x.run_as_uid for x in driver.live_leases() if uid in x.request_id] == [1000]
         await driver.leases.release_claim(uid, "the test's next step")
         return ended
 
@@ -108,7 +118,8 @@ async def test_a_prepare_or_unprepare_cancelled_at_any_await_leaves_the_claim_wh
     driver, _ = parts(app)
 
     async def check_prepare(steps: int) -> bool:
-        stored = api.put_object("resourceclaims", allocated_claim(NODE, [result(NODE)]))
+        claim = reserved(api, allocated_claim(NODE, [result(NODE)]))
+        stored = api.put_object("resourceclaims", claim)
         ref = ClaimRef("default", stored["metadata"]["name"], uid_of(stored))
         ended = await cancelled_after(steps, lambda: driver.prepare([ref]))
         held = uid_of(stored) in claim_uids(driver)

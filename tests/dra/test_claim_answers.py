@@ -163,7 +163,7 @@ def two_container_pod(name: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"containers": containers},
+        "spec": {"securityContext": {"runAsUser": 1000}, "containers": containers},
     }
 
 

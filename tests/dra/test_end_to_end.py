@@ -142,7 +142,7 @@ async def test_a_share_that_would_overfill_its_device_is_never_prepared(root: Pa
         forged["metadata"] = {"name": "forged", "namespace": "default"}
         allocation = json.loads(json.dumps(forged["status"]["allocation"]))
         allocation["devices"]["results"][0]["shareID"] = "5e0e2d4c-1111-4222-8333-444455556666"
-        pod = cluster.api_server.create_pod("second")
+        pod = cluster.api_server.create_pod("second", run_as_user=1000)
         status = {
             "allocation": allocation,
             "reservedFor": [{"resource": "pods", "name": "second", "uid": pod["metadata"]["uid"]}],

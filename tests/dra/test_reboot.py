@@ -191,6 +191,7 @@ def bound_pod(name: str, node: str, claim: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "nodeName": node,
+            "securityContext": {"runAsUser": 1000},
             "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
             "containers": [
                 {"name": "main", "image": "dcgm", "resources": {"claims": [{"name": "gpu"}]}}

@@ -573,12 +573,16 @@ def pod_manifest(
     finalizers: Iterable[str] = (),
     limits: Mapping[str, Any] | None = None,
     image: str = "registry.example/train:1.0",
+    run_as_user: int | None = None,
 ) -> Obj:
-    """A pod as ``kubectl apply`` sends it."""
+    """A pod as ``kubectl apply`` sends it; ``run_as_user``: its
+    ``spec.securityContext.runAsUser``."""
     container: Obj = {"name": "main", "image": image, "command": ["python", "train.py"]}
     if limits:
         container["resources"] = {"limits": dict(limits)}
     spec: Obj = {"containers": [container]}
+    if run_as_user is not None:
+        spec["securityContext"] = {"runAsUser": run_as_user}
     if scheduler_name:
         spec["schedulerName"] = scheduler_name
     if node_name:

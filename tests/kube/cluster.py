@@ -51,6 +51,7 @@ API_TOKEN = "api-" + "7f3a9c2e5b8d4f1a6c0e9b7d2a5f8c3e"
 SHARE = "gpushare.io/share"
 AGENTS_NAMESPACE = "gpushare-system"
 AGENTS_SERVICE = "gpushare-agent"
+USER = 1000  # the UID the test pods run as
 
 
 def free_port(host: str) -> int:
@@ -475,13 +476,18 @@ def gpu_pod(
     gang: str = "",
     gang_size: int = 0,
     priority: str = "",
+    run_as_user: int | None = USER,
 ) -> Obj:
+    """A share pod as its author writes it; it runs as ``run_as_user`` (the pod's
+    ``securityContext.runAsUser``: a share states its user), None for unstated."""
     annotations = {"gpushare.io/memory": memory, "gpushare.io/threads": threads}
     if gang:
         annotations |= {"gpushare.io/gang": gang, "gpushare.io/gang-size": str(gang_size)}
     if priority:
         annotations["gpushare.io/priority"] = priority
-    return pod_manifest(name, namespace, annotations=annotations, limits={SHARE: 1})
+    return pod_manifest(
+        name, namespace, annotations=annotations, limits={SHARE: 1}, run_as_user=run_as_user
+    )
 
 
 async def agent_call(node: Node, token: str, method: str, *args: Any, **kwargs: Any) -> Any:

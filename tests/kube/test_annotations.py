@@ -11,6 +11,7 @@ import pytest
 from agent.admission.sizing import Mode, SizingSpec
 from agent.api import validate
 from agent.core.errors import UnitError, ValidationError
+from agent.core.podusers import FIX
 from agent.core.types import PriorityClass
 from agent.core.units import GIB, MIB
 from agent.kube import annotations as a
@@ -433,3 +434,103 @@ def test_identifier_rule_is_the_agents(value: str) -> None:
         return True
 
     assert accepted(a.identifier) == accepted(validate.identifier)
+
+
+# -- the share's user --------------------------------------------------------------------
+
+
+def as_user(uid: object, name: str = "main", resources: Any = SHARE) -> dict[str, Any]:
+    """A container that runs as ``uid`` (None: it does not say)."""
+    context = {} if uid is None else {"securityContext": {"runAsUser": uid}}
+    return container(name, resources=resources, **context)
+
+
+def pod_as(uid: object, **parts: Any) -> dict[str, Any]:
+    """A share pod whose ``spec.securityContext.runAsUser`` is ``uid`` (None: unset)."""
+    the_pod = pod(ASK, **parts)
+    if uid is not None:
+        the_pod["spec"]["securityContext"] = {"runAsUser": uid}
+    return the_pod
+
+
+ZERO = {"limits": {R: "0"}}  # a container that names the share with no unit: it uses it
+PLAIN = {"limits": {"cpu": "1"}}
+AS_ANNOTATED = pod(ASK, containers=[as_user(1000, "a", PLAIN), as_user(None, "b", PLAIN)])
+
+# the pod -> (its share's UIDs, the share's containers that do not say, the one UID)
+USERS: list[tuple[str, dict[str, Any], set[int], tuple[str, ...], int | None]] = [
+    ("the pod's", pod_as(1000), {1000}, (), 1000),
+    ("root", pod_as(0), {0}, (), 0),
+    ("nobody says", pod_as(None), set(), ("main",), None),
+    ("the container's", pod_as(None, containers=[as_user(1000)]), {1000}, (), 1000),
+    ("the container's over the pod's", pod_as(1000, containers=[as_user(2000)]), {2000}, (),
+     2000),
+    ("a sidecar without a share does not count", pod_as(None, containers=[
+        as_user(1000), as_user(None, "sidecar", PLAIN), as_user(5, "other", PLAIN)]), {1000},
+     (), 1000),
+    ("a share of 0 units counts", pod_as(None, containers=[
+        as_user(1000), as_user(2000, "aux", ZERO)]), {1000, 2000}, (), None),
+    ("an init container's share", pod_as(None, containers=[as_user(7, "app", PLAIN)],
+                                         init=[as_user(None, "setup")]), set(), ("setup",),
+     None),
+    ("annotations only: every container", AS_ANNOTATED, {1000}, ("b",), None),
+    ("-1 is not a UID", pod_as(-1), set(), ("main",), None),
+    ("4294967295 is not a UID", pod_as(2**32 - 1), set(), ("main",), None),
+    ("a string is not a UID", pod_as("1000"), set(), ("main",), None),
+    ("true is not a UID", pod_as(True), set(), ("main",), None),
+    ("an unreadable container's hides the pod's", pod_as(1000, containers=[as_user(1.5)]),
+     set(), ("main",), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "uids", "unstated", "uid"), [u[1:] for u in USERS], ids=[u[0] for u in USERS]
+)
+def test_the_share_s_users(
+    the_pod: dict[str, Any], uids: set[int], unstated: tuple[str, ...], uid: int | None
+) -> None:
+    users = a.share_users(the_pod)
+    assert (set(users.uids), users.unstated, users.uid) == (uids, unstated, uid)
+    if the_pod is not AS_ANNOTATED:  # parse_ask refuses a pod without a share request
+        assert parse_ask(the_pod).run_as_uid == uid
+
+
+# the pod -> the field refused and the start of the reason (None: it passes)
+ONE_USER: list[tuple[str, dict[str, Any], str | None, str]] = [
+    ("the pod's", pod_as(1000), None, ""),
+    ("the container's", pod_as(None, containers=[as_user(1000)]), None, ""),
+    ("nobody says", pod_as(None), "spec.containers[0].securityContext.runAsUser",
+     "the GPU share's user is not stated: set securityContext.runAsUser on the pod"),
+    ("the second share container does not say", pod_as(None, containers=[
+        as_user(1000), as_user(None, "aux", ZERO)]),
+     "spec.containers[1].securityContext.runAsUser", "the GPU share's user is not stated"),
+    ("two UIDs", pod_as(None, containers=[as_user(1000), as_user(2000, "aux", ZERO)]),
+     "spec.containers[1].securityContext.runAsUser",
+     "is 2000, but spec.containers[0] runs as 1000: a share has one user; set"),
+    ("an init container's share", pod_as(None, containers=[as_user(7, "app", PLAIN)],
+                                         init=[as_user(None, "setup")]),
+     "spec.initContainers[0].securityContext.runAsUser", "the GPU share's user is not stated"),
+    ("annotations only: every container", AS_ANNOTATED,
+     "spec.containers[1].securityContext.runAsUser", "the GPU share's user is not stated"),
+    ("a UID over the range", pod_as(2**32 - 1), "spec.containers[0].securityContext.runAsUser",
+     "the GPU share's user is not stated"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "field", "reason"), [o[1:] for o in ONE_USER], ids=[o[0] for o in ONE_USER]
+)
+def test_a_share_has_one_stated_user(
+    the_pod: dict[str, Any], field: str | None, reason: str
+) -> None:
+    if field is None:
+        a.check_one_user(the_pod)
+        return
+    with pytest.raises(AnnotationError) as caught:
+        a.check_one_user(the_pod)
+    assert (caught.value.field, caught.value.reason[: len(reason)]) == (field, reason)
+    assert caught.value.reason.endswith(FIX)
+    if the_pod is not AS_ANNOTATED:
+        parse_ask(the_pod)  # read without the requirement
+        with pytest.raises(AnnotationError, match=re.escape(field)):
+            parse_ask(the_pod, require_user=True)

@@ -77,6 +77,7 @@ class World:
             scheduler_name="gpushare",
             finalizers=["gpushare.io/lease"],
             limits={"gpushare.io/share": 1},
+            run_as_user=1000,
         )
 
     def pod(self, name: str) -> Obj:

@@ -328,6 +328,7 @@ def share_pod(**annotations: Any) -> dict[str, Any]:
         },
         "spec": {
             "schedulerName": "gpushare",
+            "securityContext": {"runAsUser": 1000},
             "containers": [{"name": "train", "image": "train:1", "resources": {"limits": limits}}],
         },
     }
@@ -625,6 +626,12 @@ def optional(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, An
     return st.fixed_dictionaries({}, optional=fields)
 
 
+def run_as_user() -> st.SearchStrategy[Any]:
+    """UIDs, the edges of their range and beyond it, and any JSON."""
+    edges = st.sampled_from([0, 1000, 4294967294, 4294967295, -1, 2**63, True, "1000"])
+    return edges | st.integers() | json_values(2)
+
+
 def containers() -> st.SearchStrategy[Any]:
     env = st.fixed_dictionaries(
         {"name": st.sampled_from(TEXTS) | st.text(max_size=30) | json_values(3)},
@@ -641,6 +648,7 @@ def containers() -> st.SearchStrategy[Any]:
             "securityContext": optional(
                 privileged=json_values(2),
                 capabilities=st.fixed_dictionaries({"add": capabilities}),
+                runAsUser=run_as_user(),
             ),
         },
     )
@@ -670,6 +678,7 @@ def pods() -> st.SearchStrategy[Any]:
         hostPID=json_values(1),
         hostNetwork=json_values(1),
         volumes=st.lists(volume, max_size=3),
+        securityContext=optional(runAsUser=run_as_user()),
     )
     pod = st.fixed_dictionaries(
         {"metadata": metadata, "spec": spec}, optional={"kind": st.just("Pod")}

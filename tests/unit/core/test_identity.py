@@ -236,6 +236,12 @@ def test_the_marker_scan(environ: bytes, expected: str | None) -> None:
         ("unit:train.service", CgroupFacts(), False),
         ("", CgroupFacts(POD_A), False),
         ("pod:", CgroupFacts(), False),
+        # the pods a shared claim is reserved for
+        (f"pods:{POD_B},{POD_A}", CgroupFacts(POD_A, CTR_A), True),
+        (f"pods:{POD_A.upper()}", CgroupFacts(POD_A, CTR_A), True),
+        (f"pods:{POD_B}", CgroupFacts(POD_A, CTR_A), False),
+        (f"pods:{POD_A}", CgroupFacts(unit="train.service"), False),
+        ("pods:", CgroupFacts(POD_A), False),
     ],
 )
 def test_a_workload_matches_its_cgroup(workload: str, facts: CgroupFacts, matches: bool) -> None:
@@ -250,6 +256,7 @@ LEASES = {
     "l-b": f"pod:{POD_B}",
     "l-free": "",
     "l-free2": "",
+    "l-shared": f"pods:{POD_B},{POD_A}",
 }
 
 
@@ -259,6 +266,8 @@ LEASES = {
         (IN_A, None, {"l-a": LEASES["l-a"]}, "l-a", True, False),  # the cgroup decides
         (IN_A, "l-a", LEASES, "l-a", True, False),  # the hint picks among matches
         (IN_A, None, LEASES, "l-a-ctr", True, False),  # else the most specific
+        (IN_A, "l-shared", LEASES, "l-shared", True, False),  # a shared claim's, its pod's
+        (CgroupFacts(POD_B), None, LEASES, "l-b", True, False),  # its own pod's lease first
         (IN_A, "l-b", LEASES, "l-a-ctr", True, True),  # another pod's lease: a lie
         (NOWHERE, "l-b", LEASES, None, False, True),  # ... and it belongs to none
         (NOWHERE, "l-free", LEASES, "l-free", False, False),  # no workload: hint accepted

@@ -30,6 +30,7 @@ def pod(name: str, *, gang: str = "", size: int = 0, node: str = "") -> Obj:
             "annotations": annotations,
         },
         "spec": {
+            "securityContext": {"runAsUser": 1000},
             "containers": [{"name": "main", "resources": {"limits": {"gpushare.io/share": 1}}}],
             **({"nodeName": node} if node else {}),
         },

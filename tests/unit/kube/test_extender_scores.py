@@ -50,7 +50,10 @@ def pod() -> dict[str, Any]:
             "uid": "u-1",
             "annotations": {"gpushare.io/memory": "4Gi", "gpushare.io/threads": "10"},
         },
-        "spec": {"containers": [{"name": "c", "resources": {"limits": {"gpushare.io/share": 1}}}]},
+        "spec": {
+            "securityContext": {"runAsUser": 1000},
+            "containers": [{"name": "c", "resources": {"limits": {"gpushare.io/share": 1}}}],
+        },
     }
 
 

@@ -225,3 +225,30 @@ def test_a_dra_claims_lease_is_not_released_when_its_processes_exit() -> None:
     memory = Memory(exited_since={"l-1": 0.0})
     actions, _ = plan(facts((), {41: ProcessFact(GONE)}, (held,), now=1000.0), memory, Policy())
     assert [a for a in actions if a.kind is ActionKind.RELEASE] == []
+
+
+@pytest.mark.parametrize(
+    ("owner", "node_policy", "claim_policy", "terminates"),
+    [
+        ("", "report", "enforce", False),  # a lease admitted over gRPC: janitor.memory_policy
+        ("", "enforce", "report", True),
+        (CLAIM_OWNER, "report", "enforce", True),  # a claim's share: dra.memory_policy
+        (CLAIM_OWNER, "enforce", "report", False),
+    ],
+)
+def test_each_kind_of_lease_has_its_memory_policy(
+    owner: str, node_policy: str, claim_policy: str, terminates: bool
+) -> None:
+    held = dataclasses.replace(lease("l-1", pids=(41,)), owner=owner)
+    actions, _ = plan(
+        facts(
+            (41,),
+            {41: ProcessFact(ALIVE, "l-1", by_cgroup=True)},
+            (held,),
+            memory_used={"l-1": 5 * GIB},
+        ),
+        Memory(),
+        Policy(memory=node_policy, claim_memory=claim_policy),
+    )
+    (violation,) = [a for a in actions if a.kind is ActionKind.MEMORY_VIOLATION]
+    assert bool(violation.clients) is terminates
