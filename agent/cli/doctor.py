@@ -7,6 +7,8 @@ they mean is decided by the pure checks of :mod:`agent.runtime.preflight`.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
 import json
 import os
@@ -163,6 +165,10 @@ def run_checks(
     binary = gather.binary_facts(settings, simulated)
     kube_facts = kube()
     d, k = settings.dra, settings.kubelet
+    toolkit = toolkit_finding(settings, simulated)
+    # GPU workload pods need the RuntimeClass unless, on the DRA path alone, the claims'
+    # CDI specs carry the driver
+    workloads_need_it = k.enabled or not (d.enabled and toolkit.status == "ok")
     directories = (
         ("kubelet-plugin-dir", "kubelet.plugin_dir", "kubelet.enabled", k.enabled, k.plugin_dir),
         ("dra-plugin-dir", "dra.plugin_dir", "dra.enabled", d.enabled, d.plugin_dir),
@@ -174,11 +180,11 @@ def run_checks(
         preflight.check_mps_binary(simulated, binary),
         preflight.check_driver(gather.driver_facts(simulated), binary),
         preflight.check_node_label(kube_facts),
-        preflight.check_runtime_class(kube_facts),
+        preflight.check_runtime_class(kube_facts, workloads_need_it=workloads_need_it),
         preflight.check_device_plugin(kube_facts),
         preflight.check_mps_dirs(gather.mps_dir_facts(settings, agent_running=not agent.error)),
         preflight.check_shm(gather.shm_facts(settings)),
-        toolkit_finding(settings, simulated),
+        toolkit,
         *(
             preflight.check_dir(name, key, switch, on, gather.path_facts(path, follow=True))
             for name, key, switch, on, path in directories
@@ -224,25 +230,60 @@ def _kube_facts(
     runtime_class: str,
     timeout_s: float,
 ) -> KubeFacts:
-    base = KubeFacts(node_name=node_name, runtime_class=runtime_class)
+    base = KubeFacts(node_name=node_name, runtime_class=runtime_class, driver=settings.dra.enabled)
+    given = "--api-token-file"
     if not api_server and settings.dra.api_server:
         api_server = settings.dra.api_server
         token_file, ca_file = settings.dra.api_token_file, settings.dra.api_ca
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(
-        SERVICE_ACCOUNT_TOKEN
-    )
+        given = "dra.api_token_file"
+    in_pod = gather.in_pod()
+    in_cluster = in_pod and os.path.exists(SERVICE_ACCOUNT_TOKEN)
     if not api_server and not in_cluster:
-        return dataclasses.replace(
-            base, why="not in a cluster, and neither --api-server nor dra.api_server is set"
-        )
+        return dataclasses.replace(base, why=_no_api_why(settings, in_pod))
+    path = token_file if api_server else SERVICE_ACCOUNT_TOKEN
     try:
-        token = Path(token_file).read_text() if token_file else ""
+        token = Path(path).read_text() if path else ""
     except OSError as exc:
-        return dataclasses.replace(base, why=f"cannot read {token_file}: {exc.strerror}")
+        return dataclasses.replace(base, why=f"cannot read {path}: {exc.strerror}")
+    if api_server:
+        identity = f"the token of {given} {token_file}" if token_file else "an anonymous client"
+    else:
+        identity = "the pod's service account"
+    base = dataclasses.replace(base, identity=identity, user=token_user(token))
     try:
-        return asyncio.run(_ask_kube(base, api_server, token, ca_file, timeout_s))
+        return asyncio.run(
+            _ask_kube(base, api_server, token if api_server else "", ca_file, timeout_s)
+        )
     except GpushareError as exc:
         return dataclasses.replace(base, why=str(exc))
+
+
+def _no_api_why(settings: Settings, in_pod: bool) -> str:
+    if not in_pod:
+        return "not in a cluster, and neither --api-server nor dra.api_server is set"
+    if settings.dra.enabled:
+        return (
+            f"this pod has no service-account token ({SERVICE_ACCOUNT_TOKEN}), which the DRA "
+            "driver needs (the chart projects one into the agent's container)"
+        )
+    return (
+        "this pod has no service-account token: on the extender path the agent calls no "
+        "Kubernetes API, so the chart mounts none; give --api-server and --api-token-file "
+        "to check the node and the RuntimeClass"
+    )
+
+
+def token_user(token: str) -> str:
+    """The user a service-account token (a JWT) names in its ``sub``; "" when it names none."""
+    parts = token.strip().split(".")
+    if len(parts) != 3:
+        return ""
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error):
+        return ""
+    sub = claims.get("sub") if isinstance(claims, dict) else None
+    return sub if isinstance(sub, str) else ""
 
 
 async def _ask_kube(
@@ -260,12 +301,14 @@ async def _ask_kube(
         try:
             facts = dataclasses.replace(facts, node=await api.get_node(base.node_name))
         except KubeError as exc:
-            facts = dataclasses.replace(facts, node_error=str(exc))
+            facts = dataclasses.replace(facts, node_error=str(exc), node_status=exc.status)
         try:
             await api.get_runtime_class(base.runtime_class)
             facts = dataclasses.replace(facts, runtime_class_found=True)
         except NotFound:
             facts = dataclasses.replace(facts, runtime_class_found=False)
         except KubeError as exc:
-            facts = dataclasses.replace(facts, runtime_class_error=str(exc))
+            facts = dataclasses.replace(
+                facts, runtime_class_error=str(exc), runtime_class_status=exc.status
+            )
     return facts

@@ -226,8 +226,9 @@ def attribute(identity: ProcessIdentity, workloads: Mapping[str, str]) -> Attrib
 
     - the cgroup decides: a process belongs to a lease whose workload its cgroup matches;
       the hint picks among several such leases;
-    - a hint naming a lease bound to no workload attributes the process to it, by the
-      hint only, when its cgroup matches no lease;
+    - a hint naming a lease bound to no workload, or to the pods a shared claim was
+      reserved for when last read (``pods:``: a pod may have joined since), attributes
+      the process to it, by the hint only, when its cgroup matches no lease;
     - a hint naming a live lease the cgroup contradicts is a mismatch: the process belongs
       to the lease its cgroup matches, if any, else to none;
     - a hint naming no live lease is ignored.
@@ -239,7 +240,7 @@ def attribute(identity: ProcessIdentity, workloads: Mapping[str, str]) -> Attrib
     owner = matched[0] if matched else None
     if hint is None or hint not in workloads:
         return Attribution(owner, by_cgroup=owner is not None)
-    if not workloads[hint] and owner is None:
+    if owner is None and (not workloads[hint] or workloads[hint].startswith("pods:")):
         return Attribution(hint)
     bound = workloads[hint] or "no workload"
     said = f"process {identity.pid} names lease {hint} ({bound}) in its environment, but its "

@@ -7,8 +7,8 @@ needs the share's UID, so the share paths read it here: the extender from the co
 that ask ``gpushare.io/share``, the DRA driver from the containers that use the claim
 (``resources.claims``) of each pod the claim is reserved for.
 
-A value the API server would not take (not an integer, negative, over 4294967294, a JSON
-boolean) counts as unstated.
+A value that is not a UID (not an integer, negative, over 4294967294, a JSON boolean)
+counts as unstated; the API server itself takes 0 to 2147483647.
 """
 
 from __future__ import annotations
@@ -127,17 +127,30 @@ def uses_claim(container: Mapping[str, Any], pod_names: Collection[str]) -> bool
     return any(_mapping(c).get("name") in pod_names for c in claims)
 
 
-def claim_users(pod: Mapping[str, Any], claim_name: str) -> Users:
+def asks_resource(container: Mapping[str, Any], names: Collection[str]) -> bool:
+    """Whether ``container`` asks one of the extended resources ``names``."""
+    resources = _mapping(container.get("resources"))
+    return any(
+        name in _mapping(resources.get(part)) for part in ("limits", "requests") for name in names
+    )
+
+
+def claim_users(pod: Mapping[str, Any], claim_name: str, extended: Collection[str] = ()) -> Users:
     """The users of the pod's containers that use the ResourceClaim ``claim_name``, named
-    ``pod/container``. A pod none of whose containers names it (a claim held for the pod
-    as a whole) counts every container."""
+    ``pod/container``: those that name it in ``resources.claims``, or that its mapping of
+    extended resources names. A pod that names the claim nowhere yet (the scheduler
+    writes the mapping of a claim for extended resources after the claim) counts the
+    containers that ask one of the ``extended`` resources; a pod that names it but whose
+    containers do not use it (no container gets its devices) counts none."""
     names = pod_claim_names(pod, claim_name)
-    extended = extended_containers(pod, claim_name)
+    mapped = extended_containers(pod, claim_name)
 
     def using(container: Mapping[str, Any]) -> bool:
-        return uses_claim(container, names) or container.get("name") in extended
+        if not names and not mapped:
+            return asks_resource(container, extended)
+        return uses_claim(container, names) or container.get("name") in mapped
 
-    users = users_of(pod, using) if any(map(using, _containers(pod))) else users_of(pod)
+    users = users_of(pod, using)
     pod_name = str(_mapping(pod.get("metadata")).get("name") or "?")
     return Users(users.uids, tuple(f"{pod_name}/{c}" for c in users.unstated))
 

@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from agent.admission.policy import Rules
 from agent.config.dra import DraSettings
-from agent.core.errors import GpushareError
+from agent.core.errors import GpushareError, StateError
 from agent.core.lease import Lease
-from agent.core.types import Device
+from agent.core.types import Device, SharingMode
 from agent.core.units import MIB, parse_bytes
 from agent.dra.cdi import (
     CdiDevice,
@@ -183,7 +183,7 @@ class ClaimDriver:
         try:
             claim = await self._read(ref)
             return await run_to_end(self._prepare_locked(ref, claim), what=f"prepare of {ref}")
-        except ClaimError as exc:
+        except (ClaimError, StateError) as exc:  # StateError: a pod could not be read
             log.warning("claim %s not prepared: %s", ref, exc)
             return Prepared(error=str(exc))
         except Exception:  # one claim's failure is its own, never the call's
@@ -278,11 +278,22 @@ class ClaimDriver:
     async def with_user(
         self, claim: Mapping[str, object], asks: Sequence[ShareAsk]
     ) -> list[ShareAsk]:
-        """``asks`` with the user of the claim's pods (:mod:`agent.runtime.drausers`)."""
-        self.pods.saw(claim)
-        rule_on = self.settings.require_run_as_user and self._rules.one_user_per_device
-        required = rule_on and on_mps(asks, self._node.devices)
-        return await with_user(self._api, claim, asks, required=required)
+        """``asks`` with the user of the claim's pods (:mod:`agent.runtime.drausers`): read
+        where a share is on an MPS device (one daemon a GPU, one server a user)."""
+        if not on_mps(asks, self._node.devices):
+            return list(asks)
+        rule = self._rules.one_user_per_device
+        required = rule and self.settings.require_run_as_user
+        told = await with_user(self._api, claim, asks, rule=rule, required=required)
+        self.pods.checked(claim)
+        return told
+
+    def user_rule_on(self, leases: Sequence[Lease]) -> bool:
+        """Whether one user a server holds for these leases' devices (an MPS device, the
+        daemons not multi-user)."""
+        devices = (self._node.devices.get(x.device_uuid) for x in leases)
+        on_mps = any(d is not None and d.sharing_mode is SharingMode.MPS for d in devices)
+        return self._rules.one_user_per_device and on_mps
 
     async def admit_ask(self, ask: ShareAsk) -> Lease:
         """The share's lease (admitted now, or before), or ClaimError saying why not."""

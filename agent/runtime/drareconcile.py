@@ -123,7 +123,7 @@ class Reconciler:
         driver = self._driver
         if claim is not None:  # the pods its processes may run in now
             joined = driver.pods.saw(claim)
-            if joined and leases:
+            if joined and leases and driver.user_rule_on(leases):
                 await self._check_joined(claim, leases, joined)
         try:
             found = (
@@ -161,9 +161,10 @@ class Reconciler:
             return
         try:
             users = await pods_users(self._api, claim, joined)
-        except StateError as exc:
+        except StateError as exc:  # read again by the next pass
             log.info("claim %s: its new pods not checked: %s", claim_key(claim), exc)
             return
+        self._driver.pods.checked(claim, (uid for _, uid in joined))
         message = joined_message(claim_key(claim), users, share_uids)
         if message:
             log.warning("%s", message)

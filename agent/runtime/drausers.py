@@ -24,7 +24,8 @@ controller keeps the claim owed, the kubelet retries Prepare).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -37,17 +38,29 @@ from agent.kubeapi.port import KubeError, NotFound, Obj, ResourceApi
 from agent.runtime.claims import ShareAsk, claim_uid_of
 
 MAX_NAMED = 5  # containers named in a refusal, at most
+# the extended resources of the driver's DeviceClass (its extendedResourceName, and the
+# name every DeviceClass has): a claim for them is the pod's by its containers' asks
+EXTENDED_RESOURCES = frozenset(
+    {"gpushare.io/gpu", "deviceclass.resource.kubernetes.io/gpushare.io"}
+)
 
 
 async def with_user(
-    api: ResourceApi, claim: Mapping[str, object], asks: Sequence[ShareAsk], *, required: bool
+    api: ResourceApi,
+    claim: Mapping[str, object],
+    asks: Sequence[ShareAsk],
+    *,
+    rule: bool,
+    required: bool,
 ) -> list[ShareAsk]:
     """``asks`` (the claim's shares here to admit) with the user of the claim's pods:
-    ClaimError where the claim cannot say one and must (``required``), or is used by two;
+    ClaimError where the claim cannot say one and must (``required``), is used by two
+    where one user a server is the ``rule``, or gives one container two shares;
     StateError where a pod cannot be read."""
     if not asks:
         return []
-    uid = await claim_user(api, claim, [a.share for a in asks], required=required)
+    shares = [a.share for a in asks]
+    uid = await claim_user(api, claim, shares, rule=rule, required=required)
     return [replace(a, run_as_uid=uid) for a in asks]
 
 
@@ -58,7 +71,12 @@ def on_mps(asks: Sequence[ShareAsk], devices: Mapping[str, Device]) -> bool:
 
 
 async def claim_user(
-    api: ResourceApi, claim: Mapping[str, object], shares: Sequence[Share], *, required: bool
+    api: ResourceApi,
+    claim: Mapping[str, object],
+    shares: Sequence[Share],
+    *,
+    rule: bool,
+    required: bool,
 ) -> int | None:
     """The UID the claim's ``shares`` here run as (None: not known, not checked), or
     ClaimError (for the users, or a container given two of them)."""
@@ -66,7 +84,7 @@ async def claim_user(
     if not reserved:
         return None
     users = await pods_users(api, claim, reserved, shares)
-    return decided(users, claim_key(claim), required=required)
+    return decided(users, claim_key(claim), rule=rule, required=required)
 
 
 async def pods_users(
@@ -85,7 +103,7 @@ async def pods_users(
     for pod in found:
         if pod is not None:
             one_share_per_container(pod, name, shares)
-            users = users | claim_users(pod, name)
+            users = users | claim_users(pod, name, EXTENDED_RESOURCES)
     return users
 
 
@@ -113,9 +131,10 @@ def one_share_per_container(
             )
 
 
-def decided(users: Users, claim: str, *, required: bool) -> int | None:
-    """The claim's one UID, None, or the refusal (ClaimError). Pure."""
-    if len(users.uids) > 1:
+def decided(users: Users, claim: str, *, rule: bool, required: bool) -> int | None:
+    """The claim's one UID, None, or the refusal (ClaimError): pods of two users where one
+    user a server is the ``rule``, an unstated user where one is ``required``. Pure."""
+    if len(users.uids) > 1 and rule:
         raise ClaimError(
             f"USER_CONFLICT: claim {claim} is used by pods of different users (UIDs "
             f"{', '.join(map(str, sorted(users.uids)))}); one MPS server serves one user at "
@@ -151,27 +170,41 @@ class ClaimPods:
     """The pods each claim of this node is reserved for, as last read (the binding answer,
     Prepare, the reconcile): a shared claim's lease is bound to no one pod when admitted,
     so its processes are known by these pods' cgroups (``pods:<uid>,...``) and held to
-    the share's memory like a pod's own. In memory: after a restart the reconcile's first
-    pass reads them again."""
+    the share's memory like a pod's own. And the pods whose users were read (checked), so
+    that the reconcile reads a pod that joined a claim once. In memory: after a restart
+    the reconcile's first pass reads them again."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_s: float = 300.0, clock: Callable[[], float] = time.monotonic):
         self._pods: dict[str, frozenset[str]] = {}  # claim UID -> pod UIDs
+        self._checked: dict[str, frozenset[str]] = {}  # claim UID -> pod UIDs read
+        self._seen_at: dict[str, float] = {}  # claim UID -> when last read
+        self._keep_s = keep_s  # a claim without a live lease is kept this long
+        self._clock = clock
 
     def saw(self, claim: Mapping[str, object]) -> list[tuple[str, str]]:
-        """Keep the pods the claim is reserved for now; those (name, UID) it was not
-        reserved for when last read (all of them, read the first time)."""
+        """Keep the pods the claim is reserved for now; those (name, UID) whose users were
+        not read yet (:meth:`checked`)."""
         uid = str(metadata(claim).get("uid") or "")
+        if not uid:
+            return []
         reserved = [(n, p) for n, p in reserved_pods(claim) if p]
-        before = self._pods.get(uid, frozenset())
-        if uid and reserved:
-            self._pods[uid] = frozenset(p for _, p in reserved)
-        elif uid:
-            self._pods.pop(uid, None)
-        return [(n, p) for n, p in reserved if p not in before]
+        self._pods[uid] = frozenset(p for _, p in reserved)
+        self._seen_at[uid] = self._clock()
+        checked = self._checked.get(uid, frozenset())
+        return [(n, p) for n, p in reserved if p not in checked]
+
+    def checked(self, claim: Mapping[str, object], pods: Iterable[str] | None = None) -> None:
+        """The users of ``pods`` (UIDs; None: every pod the claim is reserved for) were read."""
+        uid = str(metadata(claim).get("uid") or "")
+        if not uid:
+            return
+        self.saw(claim)
+        read = self._pods[uid] if pods is None else frozenset(pods)
+        self._checked[uid] = self._checked.get(uid, frozenset()) | read
 
     def bound_now(self, leases: Iterable[Lease]) -> dict[str, str]:
         """Lease id -> ``pods:<uid>,...`` for the live claim leases bound to no workload;
-        claims with no live lease are forgotten."""
+        claims with no live lease, not read for a while, are forgotten."""
         bound: dict[str, str] = {}
         live: set[str] = set()
         for lease in leases:
@@ -182,8 +215,10 @@ class ClaimPods:
             pods = self._pods.get(claim_uid)
             if pods and not lease.workload:
                 bound[lease.lease_id] = "pods:" + ",".join(sorted(pods))
-        for gone in self._pods.keys() - live:
-            del self._pods[gone]
+        old = self._clock() - self._keep_s
+        for gone in [u for u, at in self._seen_at.items() if u not in live and at < old]:
+            for kept in (self._pods, self._checked, self._seen_at):
+                kept.pop(gone, None)
         return bound
 
 

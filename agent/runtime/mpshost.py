@@ -21,6 +21,27 @@ from agent.runtime.wiring import build_gpu, supervisor_options
 log = logging.getLogger(__name__)
 
 
+SHARED_SHM = "/dev/shm"  # what a daemon without a tmpfs of its own shares (its starter's)
+SHM_MODE = 0o1777  # as /dev/shm: every client UID makes its segments; the sticky bit keeps
+# one UID from removing another's
+
+
+def open_shared_shm(path: str = SHARED_SHM) -> bool:
+    """Give the shared shared-memory directory /dev/shm's mode where it lacks it (a
+    Kubernetes hostPath is made 0755 root, which non-root MPS clients cannot write); True
+    when it was changed. A missing directory, or one that cannot be changed, is logged."""
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+        if mode == SHM_MODE:
+            return False
+        os.chmod(path, SHM_MODE)
+    except OSError as exc:
+        log.warning("MPS host: the shared memory directory %s stays as it is: %s", path, exc)
+        return False
+    log.info("MPS host: %s made mode 1777 (it was %o) for every client user", path, mode)
+    return True
+
+
 def lock_host(root_dir: str) -> int:
     """An exclusive lock beside the MPS root, held for the host's life."""
     path = f"{root_dir.rstrip('/')}.host.lock"
@@ -46,6 +67,7 @@ async def run_host(settings: Settings) -> None:
     """Keep the daemons until SIGTERM or SIGINT, then quit them."""
     options = supervisor_options(settings)
     fd = lock_host(options.root_dir)
+    open_shared_shm()
     gpu = build_gpu(settings)
     try:
         await gpu.start()

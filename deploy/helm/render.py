@@ -13,6 +13,7 @@ tests/deploy/test_chart.py fails when the files drift from the chart.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,17 @@ PLAIN_VALUES: dict[str, Any] = {
     "namespace": {"name": NAMESPACE, "create": True},
     # kubectl apply has no lookup: a placeholder the agent refuses until it is replaced.
     "token": {"value": "REPLACE-WITH-A-LONG-RANDOM-TOKEN"},
+    # The chart follows the cluster's version, which an offline render does not know: the
+    # plain manifests name one (what they shipped before; deploy/kind/up.sh makes its kind
+    # cluster of this version). Replace it with your control plane's before applying.
+    "scheduler": {"version": "v1.31.0"},
+    # `kubectl apply` of these over an earlier install has no upgrade check: a DaemonSet
+    # whose nodeSelector changes deletes its MPS host pods, and every running job's MPS
+    # server, on the nodes it no longer selects. So the plain manifests keep the nodes they
+    # always selected (GPU Feature Discovery's label, which deploy/kind/up*.sh put on their
+    # workers); to run on the nodes you label instead (the chart's default), replace it with
+    # gpushare.io/node: "true" in daemonset/daemonset.yaml and daemonset/mps-host.yaml.
+    "nodeSelector": {"nvidia.com/gpu.present": "true"},
 }
 
 # (values, {template under templates/: plain file}) for each render.
@@ -70,18 +82,61 @@ HEADER = (
 )
 
 
-def render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> dict[str, str]:
-    """The chart rendered offline with ``values``: {template under templates/: text}."""
+def render_all(
+    values: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
+    *,
+    kube_version: str | None = None,
+    upgrade: bool = False,
+) -> dict[str, str]:
+    """Every template rendered offline with ``values`` (NOTES.txt too): {path under
+    templates/: text}. ``kube_version``: the cluster's version as Helm would read it
+    (.Capabilities.KubeVersion; None: Helm's default); ``upgrade``: as `helm upgrade`
+    renders (.Release.IsUpgrade), else as `helm install`."""
     import helm_python  # the dev dependency helm-python-sdk
 
     chart = helm_python.Chart.load(str(CHART))
-    rendered = chart.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
+    if kube_version is None:
+        rendered = chart.render(
+            values or {}, name=RELEASE, namespace=namespace, is_install=not upgrade,
+            is_upgrade=upgrade,
+        )  # fmt: skip
+    else:
+        # Chart.render (helm-python-sdk 0.2.2) passes no Kubernetes version; the library's
+        # render call takes one (helm template --kube-version).
+        from helm_python import _native
+
+        options = {
+            "name": RELEASE,
+            "namespace": namespace,
+            "is_install": not upgrade,
+            "is_upgrade": upgrade,
+            "kube_version": kube_version,
+        }
+        rendered = json.loads(
+            _native.call_string(
+                "helm_render", chart._raw(), json.dumps(values or {}), json.dumps(options)
+            )
+        )
     prefix = f"{chart.name}/templates/"
     return {
         path.removeprefix(prefix): text.lstrip("\n")
         for path, text in rendered.items()
         if not path.endswith(".tpl") and path.startswith(prefix)
     }
+
+
+def render(
+    values: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
+    *,
+    kube_version: str | None = None,
+    upgrade: bool = False,
+) -> dict[str, str]:
+    """The chart's manifests rendered offline (render_all but NOTES.txt)."""
+    rendered = render_all(values, namespace, kube_version=kube_version, upgrade=upgrade)
+    rendered.pop("NOTES.txt", None)
+    return rendered
 
 
 def plain_files() -> dict[str, str]:

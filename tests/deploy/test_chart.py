@@ -71,8 +71,15 @@ def load_render_module() -> Any:
 RENDER = load_render_module()
 
 
+# The cluster's version as Helm reads it at install: the chart's kube-scheduler follows it
+# (an offline render with Helm's default version is refused: test_chart_defaults.py).
+KUBE_VERSION = "v1.30.14"
+
+
 def render(values: dict[str, Any] | None = None, namespace: str = "gpushare") -> dict[str, str]:
-    return RENDER.render(values or {}, namespace=namespace)  # type: ignore[no-any-return]
+    return RENDER.render(  # type: ignore[no-any-return]
+        values or {}, namespace=namespace, kube_version=KUBE_VERSION
+    )
 
 
 def objects(
@@ -108,7 +115,8 @@ def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_the_chart_lints_clean_for_each_path(path: str) -> None:
-    version = "v1.30.0" if path == "extender" else "v1.34.0"
+    # a cluster's version with its patch release: the kube-scheduler image follows it
+    version = "v1.30.14" if path == "extender" else "v1.34.2"
     report = helm_python.lint(str(CHART), {"path": path}, strict=True, kube_version=version)
     assert report["errors"] == [], report
     problems = [m for m in report["messages"] if m["severity"] >= 2]
@@ -217,7 +225,7 @@ def test_image_namespace_placement_runtime_group_and_versions_come_from_the_valu
             "namespace": {"name": "gpu-infra", "create": True},
             "image": {"registry": "registry.example.com/team", "tag": "9.9.9"},
             "scheduler": {"version": "v1.33.2"},
-            # null drops the default label (Helm merges maps)
+            # a null drops a key (the earlier releases' way to replace their default)
             "nodeSelector": {"nvidia.com/gpu.present": None, "gpushare.io/node": "true"},
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu"}],
             "runtimeClassName": "nvidia-cdi",
@@ -253,12 +261,12 @@ def test_image_namespace_placement_runtime_group_and_versions_come_from_the_valu
     assert "system:serviceaccount:gpu-infra:gpushare-agent" in str(policy["spec"])
 
 
-def test_a_digest_pins_the_image_and_the_default_is_the_gpu_operator_label() -> None:
+def test_a_digest_pins_the_image_and_the_default_is_the_opt_in_node_label() -> None:
     docs = objects({"image": {"digest": "sha256:" + "a" * 64}, "runtimeClassName": ""})
     pod = pod_of(docs, "DaemonSet", "gpushare-agent")
     assert pod["containers"][0]["image"] == "gpushare-agent@sha256:" + "a" * 64
     assert "runtimeClassName" not in pod
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["nodeSelector"] == {"gpushare.io/node": "true"}
 
 
 def test_the_token_is_made_random_or_taken_from_an_existing_secret() -> None:

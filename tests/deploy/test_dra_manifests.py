@@ -76,7 +76,15 @@ def driver_calls() -> set[tuple[str, str, str, str | None]]:
     return {(g, r, v, None) for m in used for g, r, v in calls[m]}
 
 
-NEEDED = driver_calls()
+def doctor_calls() -> set[tuple[str, str, str, str | None]]:
+    """What ``gpushare doctor`` asks the API when run in the agent's pod, where it has the
+    driver's token (the Node, the RuntimeClass): the role lets it."""
+    text = (REPO / "agent" / "cli" / "doctor.py").read_text()
+    calls = rest_calls()
+    return {(g, r, v, None) for m in calls if re.search(rf"\.{m}\(", text) for g, r, v in calls[m]}
+
+
+NEEDED = driver_calls() | doctor_calls()
 # Calls the driver never makes: each must be refused.
 REFUSED = [
     ("", "pods", "delete", None),

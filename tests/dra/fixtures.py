@@ -187,3 +187,36 @@ def allocated_claim(*results: Obj, name: str = "earlier") -> Obj:
 def share(device_name: str, **consumed: str) -> Obj:
     """An existing shared result on ``device_name``."""
     return {"device": device_name, "shareID": str(uuid.uuid4()), "consumedCapacity": consumed}
+
+
+def claim_user_pod(
+    api: FakeApiServer, claim: Obj, name: str, run_as_user: int | None = 1000
+) -> Obj:
+    """A pod in the API stand-in whose container uses ``claim`` (by its name), running as
+    ``run_as_user`` (pod-level; None: not said)."""
+    meta = claim["metadata"]
+    spec: Obj = {
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": meta["name"]}],
+        "containers": [
+            {"name": "main", "image": "app", "resources": {"claims": [{"name": "gpu"}]}}
+        ],
+    }
+    if run_as_user is not None:
+        spec["securityContext"] = {"runAsUser": run_as_user}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": meta["namespace"]},
+        "spec": spec,
+    }
+    return api.put_object("pods", pod)
+
+
+def reserve(claim: Obj, *pods: Obj) -> Obj:
+    """``claim`` reserved for ``pods`` (its ``status.reservedFor``, added to)."""
+    refs = claim["status"].setdefault("reservedFor", [])
+    for pod in pods:
+        refs.append(
+            {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+        )
+    return claim

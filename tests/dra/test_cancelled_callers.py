@@ -21,7 +21,7 @@ from agent.dra.port import ClaimRef
 from agent.runtime import section
 from agent.runtime.app import App
 from agent.runtime.drabinding import decide
-from tests.dra.fixtures import NODE
+from tests.dra.fixtures import NODE, claim_user_pod, reserve
 from tests.dra.test_answer_claim import claim as waiting_claim
 from tests.dra.test_answer_claim import result as waiting_result
 from tests.dra.test_claim_answers import allocated_claim, result
@@ -80,11 +80,7 @@ async def explore(check: Callable[[int], Awaitable[bool]]) -> int:
 
 def reserved(api: FakeApiServer, claim: dict[str, Any]) -> dict[str, Any]:
     """``claim`` reserved for a pod of UID 1000 (its read is one more await to cut)."""
-    meta = claim["metadata"]
-    pod = api.create_pod(f"{meta['name']}-pod", meta["namespace"], run_as_user=1000)
-    ref = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
-    claim["status"]["reservedFor"] = [ref]
-    return claim
+    return reserve(claim, claim_user_pod(api, claim, f"{claim['metadata']['name']}-pod"))
 
 
 async def test_a_binding_answer_cancelled_at_any_await_is_found_whole_by_the_next_ask(

@@ -24,6 +24,7 @@ from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import App
+from tests.dra.fixtures import claim_user_pod, reserve
 from tests.dra.test_answer_claim import ask, claim, leases, result
 from tests.integration.control.test_identity_scenarios import cgroups, tenant
 from tests.kube.apiserver import FakeApiServer
@@ -46,13 +47,8 @@ def shared_claim(api: FakeApiServer, pods: int) -> tuple[dict[str, Any], list[st
     """A claim of 4 GiB on gpu-0 (made by hand, not for one pod) reserved for ``pods``
     pods of one user; their UIDs."""
     asked = claim(result("gpu-0"))
-    refs, uids = [], []
-    for index in range(pods):
-        pod = api.create_pod(f"shared-{index}", asked["metadata"]["namespace"], run_as_user=1000)
-        uids.append(pod["metadata"]["uid"])
-        refs.append({"resource": "pods", "name": f"shared-{index}", "uid": uids[-1]})
-    asked["status"]["reservedFor"] = refs
-    return asked, uids
+    made = [claim_user_pod(api, asked, f"shared-{i}") for i in range(pods)]
+    return reserve(asked, *made), [p["metadata"]["uid"] for p in made]
 
 
 @contextlib.contextmanager
@@ -108,15 +104,19 @@ async def test_four_processes_of_a_shared_claim_over_its_share_are_terminated(
     assert terminated(agent) == set(pids)
 
 
-async def test_a_process_of_a_pod_the_claim_is_not_for_is_never_its_own(
+async def test_a_process_of_a_pod_the_claim_is_not_for_is_never_ended_for_it(
     agent: App, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stranger naming the share's lease neither counts for its memory nor is terminated
-    for it: three own processes (4.5 GiB) are over, and only they are ended."""
+    """A process of a pod the claim is not reserved for (as last read: it may have joined
+    since) that names the share's lease is the share's by that name only: its memory
+    counts, but it is never ended for it; the three of the claim's pods are."""
     planned, pids = await four_processes_over_the_share(agent, api, monkeypatch, [0, 1, 1, -1])
     (violation,) = [x for x in planned if "over its limit" in x]
-    assert "uses 4.5 GiB" in violation
+    assert "uses 6.0 GiB" in violation and "terminate its 3 client(s)" in violation
+    assert "1 client(s) known by their GPUSHARE_LEASE_ID only" in violation
     assert terminated(agent) == set(pids[:3])
+    assert await agent.events.flush()
+    assert not [e for e in agent.events.since(0) if e.kind == "lease.identity_mismatch"]
 
 
 @pytest.mark.parametrize("extra_settings", [{"janitor.interval_s": 3600}])  # the default

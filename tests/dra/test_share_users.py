@@ -23,24 +23,25 @@ import grpc.aio
 import pytest
 
 from agent.core.podusers import FIX
+from agent.dra.port import ClaimRef
 from agent.runtime.app import App
 from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
+from tests.dra.fixtures import NODE, claim_user_pod, reserve
 from tests.dra.test_answer_claim import ask, claim, client, leases, result, taints, until
+from tests.dra.test_claim_answers import allocated_claim
+from tests.dra.test_claim_answers import result as plain_result
 from tests.dra.test_end_to_end import one_gpu_node, running
 from tests.dra.test_reconcile_node import parts
 from tests.kube.apiserver import FakeApiServer
 
 
 def reserved_for(api: FakeApiServer, asked: dict[str, Any], *uids: int | None) -> dict[str, Any]:
-    """``asked`` reserved for a pod of each of ``uids`` (None: a pod that states no user)."""
-    namespace = asked["metadata"]["namespace"]
-    refs = []
-    for index, uid in enumerate(uids):
-        name = f"{asked['metadata']['name']}-p{index}"
-        pod = api.create_pod(name, namespace, run_as_user=uid)
-        refs.append({"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]})
-    asked["status"]["reservedFor"] = refs
-    return asked
+    """``asked`` reserved for a pod of each of ``uids`` (None: a pod that states no user),
+    whose container uses it."""
+    name = asked["metadata"]["name"]
+    return reserve(
+        asked, *(claim_user_pod(api, asked, f"{name}-p{i}", u) for i, u in enumerate(uids))
+    )
 
 
 async def test_a_share_runs_as_its_pods_user(agent: App, api: FakeApiServer) -> None:
@@ -188,13 +189,15 @@ async def test_a_pod_of_another_user_joining_a_shared_claim_is_told_once(
     assert [a[2:] for a in await ask(agent, stored)] == [(True, "Admitted")]
     _, reconciler = parts(agent)
     await reconciler.once()
-    same = reserved_for(api, claim(result("gpu-0")), 1000)["status"]["reservedFor"]
-    other = reserved_for(api, claim(result("gpu-0")), 2000, None)["status"]["reservedFor"]
-    stored["status"]["reservedFor"] += same
+    reserve(stored, claim_user_pod(api, stored, "same", 1000))
     api.put_object("resourceclaims", stored)
     await reconciler.once()
     assert await user_conflicts(agent) == [], "a pod of the share's user is welcome"
-    stored["status"]["reservedFor"] += other
+    reserve(
+        stored,
+        claim_user_pod(api, stored, "other", 2000),
+        claim_user_pod(api, stored, "nouser", None),
+    )
     api.put_object("resourceclaims", stored)
     before = api.requests["get"]
     await reconciler.once()
@@ -211,6 +214,55 @@ async def test_a_pod_of_another_user_joining_a_shared_claim_is_told_once(
 async def user_conflicts(agent: App) -> list[str]:
     assert await agent.events.flush()
     return [e.message for e in agent.events.since(0) if e.kind == "dra.user_conflict"]
+
+
+@pytest.mark.parametrize("extra_settings", [{"mps.multi_user": True}])
+async def test_with_multi_user_daemons_two_users_share_a_claim_and_a_device(
+    agent: App, api: FakeApiServer
+) -> None:
+    """Daemons started with -M serve several users at once: no one-user rule, no UID
+    required, and a pod of another user joining is nothing to tell."""
+    stored = api.put_object("resourceclaims", reserved_for(api, claim(result("gpu-0")), 1000, 2000))
+    assert [a[2:] for a in await ask(agent, stored)] == [(True, "Admitted")]
+    other = reserved_for(api, claim(result("gpu-0")), None)
+    assert [a[2:] for a in await ask(agent, other)] == [(True, "Admitted")]
+    reserve(stored, claim_user_pod(api, stored, "third", 3000))
+    api.put_object("resourceclaims", stored)
+    _, reconciler = parts(agent)
+    await reconciler.once()
+    assert await user_conflicts(agent) == []
+
+
+async def test_a_joined_pod_that_cannot_be_read_is_read_by_the_next_pass(
+    agent: App, api: FakeApiServer
+) -> None:
+    stored = api.put_object("resourceclaims", reserved_for(api, claim(result("gpu-0")), 1000))
+    assert [a[2:] for a in await ask(agent, stored)] == [(True, "Admitted")]
+    reserve(stored, claim_user_pod(api, stored, "late", 2000))
+    api.put_object("resourceclaims", stored)
+    _, reconciler = parts(agent)
+    api.fail_next("GET", r"/pods/late", 500)
+    await reconciler.once()
+    assert await user_conflicts(agent) == []
+    await reconciler.once()
+    assert len(await user_conflicts(agent)) == 1
+
+
+async def test_a_prepare_whose_pod_cannot_be_read_fails_with_why(
+    agent: App, api: FakeApiServer
+) -> None:
+    stored = api.put_object(
+        "resourceclaims", reserved_for(api, allocated_claim(NODE, [plain_result(NODE)]), 1000)
+    )
+    assert agent.dra is not None
+    ref = ClaimRef("default", stored["metadata"]["name"], stored["metadata"]["uid"])
+    api.fail_next("GET", r"/pods/", 500)
+    [answer] = (await agent.dra.driver.prepare([ref])).values()
+    assert answer.error.startswith("cannot read pod default/"), answer.error
+    [again] = (await agent.dra.driver.prepare([ref])).values()
+    assert not again.error
+    [lease] = await leases(agent)
+    assert lease.run_as_uid == 1000
 
 
 # -- end to end -----------------------------------------------------------------------

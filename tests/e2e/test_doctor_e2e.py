@@ -237,10 +237,10 @@ async def test_the_node_label_and_the_runtime_class_from_an_api_server(node: Nod
     assert process.returncode == 1
     assert lines["node-label"] == (
         "fail",
-        "node worker-1 lacks it: nvidia.com/gpu.present=true selects the nodes the agent's "
-        "DaemonSets run on  fix: install GPU Feature Discovery (or the GPU Operator), or "
-        "`kubectl label node worker-1 nvidia.com/gpu.present=true`, or give the chart another "
-        "nodeSelector",
+        "node worker-1 has neither gpushare.io/node=true (the chart's node selector) nor "
+        "nvidia.com/gpu.present=true (the plain manifests'): the agent's DaemonSets run on the "
+        "nodes so labelled  fix: `kubectl label node worker-1 gpushare.io/node=true` (the "
+        "chart's default nodeSelector), or give the chart another nodeSelector",
     )
     assert lines["runtime-class"][0] == "fail"
     assert lines["runtime-class"][1].startswith("no RuntimeClass nvidia")

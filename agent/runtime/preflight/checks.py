@@ -17,6 +17,10 @@ from agent.runtime.preflight.facts import (
 )
 
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+NODE_LABEL = "gpushare.io/node"  # the chart's node selector (the opt-in label)
+# the labels the agent's DaemonSets select by: the chart's, and the plain manifests' (and
+# the chart's before the opt-in label)
+SELECTOR_LABELS = (NODE_LABEL, GPU_PRESENT_LABEL)
 NVIDIA_GPU_RESOURCE = "nvidia.com/gpu"
 MAX_LISTED = 3
 
@@ -102,10 +106,34 @@ def _no_api(name: str, kube: KubeFacts) -> Finding | None:
             "fail",
             name,
             f"node {kube.node_name} not read from {kube.api}: {kube.node_error}",
-            "runtime.node_name (or --node) must be this node's Kubernetes name, and the "
-            "service account may get nodes (the chart's ClusterRole)",
+            _node_fix(kube),
         )
     return None
+
+
+def _node_fix(kube: KubeFacts) -> str:
+    if kube.node_status == 404:
+        return "runtime.node_name (or --node) must be this node's Kubernetes name"
+    if kube.node_status == 403 and kube.driver:
+        can_i = f"; `kubectl auth can-i get nodes --as={kube.user}`" if kube.user else ""
+        return (
+            f"{kube.identity} must get nodes, as the DRA driver reads its Node: bind it the "
+            "chart's ClusterRole gpushare-dra-driver (deploy/dra/rbac.yaml; its rule "
+            f"apiGroups [''], resources [nodes], verbs [get]){can_i}"
+        )
+    if kube.node_status == 403:
+        return (
+            f"{kube.identity} may not get nodes: give --api-server and --api-token-file of "
+            "an identity that may (the agent itself needs no API on the extender path)"
+        )
+    return _unread_fix(kube, kube.node_status)
+
+
+def _unread_fix(kube: KubeFacts, status: int) -> str:
+    """A read that failed for want of an answer or of a token the API server takes."""
+    if status == 401:
+        return f"{kube.api} does not accept {kube.identity} (401): give a valid token"
+    return f"{kube.identity} must reach {kube.api}: check the address and the network"
 
 
 def check_node_label(kube: KubeFacts) -> Finding:
@@ -115,17 +143,17 @@ def check_node_label(kube: KubeFacts) -> Finding:
         return unusable
     assert kube.node is not None
     labels = (kube.node.get("metadata") or {}).get("labels") or {}
-    value = labels.get(GPU_PRESENT_LABEL)
-    if value == "true":
-        return Finding("ok", name, f"node {kube.node_name} has {GPU_PRESENT_LABEL}=true")
-    seen = "lacks it" if value is None else f"has it ={value!r}"
+    for label in SELECTOR_LABELS:
+        if labels.get(label) == "true":
+            return Finding("ok", name, f"node {kube.node_name} has {label}=true")
     return Finding(
         "fail",
         name,
-        f"node {kube.node_name} {seen}: {GPU_PRESENT_LABEL}=true selects the nodes the "
-        "agent's DaemonSets run on",
-        "install GPU Feature Discovery (or the GPU Operator), or `kubectl label node "
-        f"{kube.node_name} {GPU_PRESENT_LABEL}=true`, or give the chart another nodeSelector",
+        f"node {kube.node_name} has neither {NODE_LABEL}=true (the chart's node selector) nor "
+        f"{GPU_PRESENT_LABEL}=true (the plain manifests'): the agent's DaemonSets run on the "
+        "nodes so labelled",
+        f"`kubectl label node {kube.node_name} {NODE_LABEL}=true` (the chart's default "
+        "nodeSelector), or give the chart another nodeSelector",
     )
 
 
@@ -150,18 +178,20 @@ def check_device_plugin(kube: KubeFacts) -> Finding:
     )
 
 
-def check_runtime_class(kube: KubeFacts) -> Finding:
+def check_runtime_class(kube: KubeFacts, *, workloads_need_it: bool = True) -> Finding:
+    """The RuntimeClass exists. ``workloads_need_it``: GPU workload pods run under it (no
+    CDI spec of the toolkit carries the driver to them); only a read that was refused
+    (403) depends on it: a warning where they do, a skip where only the agent's own pod
+    does (that pod runs, so its RuntimeClass exists)."""
     name = "runtime-class"
     if not kube.api:
         return Finding("skip", name, f"skipped: no API ({kube.why})")
     wanted = kube.runtime_class
     if kube.runtime_class_found is None:
-        return Finding(
-            "fail",
-            name,
-            f"RuntimeClass {wanted} not read from {kube.api}: {kube.runtime_class_error}",
-            "the service account may need get on runtimeclasses.node.k8s.io",
-        )
+        found = f"RuntimeClass {wanted} not read from {kube.api}: {kube.runtime_class_error}"
+        if kube.runtime_class_status == 403:
+            return _runtime_class_refused(kube, found, workloads_need_it)
+        return Finding("fail", name, found, _unread_fix(kube, kube.runtime_class_status))
     if kube.runtime_class_found:
         return Finding("ok", name, f"RuntimeClass {wanted} exists")
     return Finding(
@@ -170,6 +200,29 @@ def check_runtime_class(kube: KubeFacts) -> Finding:
         f"no RuntimeClass {wanted}: the agent's and the workloads' pods run under it",
         "install the NVIDIA container toolkit with the GPU Operator (it creates it), or "
         f"create a RuntimeClass {wanted} with handler nvidia",
+    )
+
+
+def _runtime_class_refused(kube: KubeFacts, found: str, workloads_need_it: bool) -> Finding:
+    """A RuntimeClass read refused: the DRA driver's role grants only the calls the agent
+    makes, and the agent never reads RuntimeClasses."""
+    name, wanted = "runtime-class", kube.runtime_class
+    if not workloads_need_it:
+        return Finding(
+            "skip",
+            name,
+            f"{found}; not needed here: the claims' CDI specs carry the driver (nvidia-ctk), "
+            "so GPU workload pods need no RuntimeClass",
+        )
+    return Finding(
+        "warn",
+        name,
+        f"{found}; not checked ({kube.identity} may not get runtimeclasses, which the agent "
+        "never reads), and GPU workload pods run under it",
+        f"check it: `kubectl get runtimeclass {wanted}`; to have the doctor check it, grant "
+        f"{kube.identity} get on runtimeclasses (apiGroups [node.k8s.io], resources "
+        "[runtimeclasses], verbs [get]), or give --api-server and --api-token-file of an "
+        "identity that may",
     )
 
 

@@ -74,16 +74,23 @@ class DriverFacts:
 
 @dataclass(frozen=True, slots=True)
 class KubeFacts:
-    """What the Kubernetes API said; ``api`` empty when there is none to ask (``why``)."""
+    """What the Kubernetes API said; ``api`` empty when there is none to ask (``why``).
+    ``identity``: who asked (the pod's service account, or a token file), named in fixes;
+    ``driver``: the agent is the DRA driver, which reads its Node itself (dra.enabled)."""
 
     api: str = ""
     why: str = ""
     node_name: str = ""
     node: Mapping[str, Any] | None = None
     node_error: str = ""
+    node_status: int = 0  # the HTTP status of a failed read (0: none, or no answer)
     runtime_class: str = "nvidia"
     runtime_class_found: bool | None = None  # None: could not be asked
     runtime_class_error: str = ""
+    runtime_class_status: int = 0
+    identity: str = "the service account"
+    user: str = ""  # the token's user (system:serviceaccount:NS:NAME) where it says one
+    driver: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +140,7 @@ class ShmFacts:
     shm_root: str = ""  # mps.shm_root: a tmpfs per device under it ("" none)
     root: PathFacts | None = None  # mps.shm_root on disk
     devices: Sequence[DeviceShm] = ()  # the devices that have an MPS directory
+    in_pod: bool = False  # the doctor runs in a pod: host paths are seen only if mounted
 
 
 @dataclass(frozen=True, slots=True)

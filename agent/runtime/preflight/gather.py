@@ -163,7 +163,14 @@ def shm_facts(settings: Settings) -> ShmFacts:
         shm_root=options.root,
         root=path_facts(options.root) if options.enabled else None,
         devices=device_shm_facts(settings.mps_root_dir, options) if options.enabled else (),
+        in_pod=in_pod(),
     )
+
+
+def in_pod() -> bool:
+    """Whether this process runs in a Kubernetes pod (the kubelet sets this variable in
+    every container): then a host path is seen only where the pod mounts it."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
 def device_shm_facts(mps_root: str, options: shm.ShmOptions) -> list[DeviceShm]:

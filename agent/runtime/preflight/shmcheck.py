@@ -67,13 +67,25 @@ def _check_shared_shm(facts: ShmFacts) -> Finding:
     d = facts.directory
     if d is None:  # pragma: no cover - gathered whenever a directory is configured
         return Finding("skip", name, "no shm directory configured")
+    named = f"({_shared_keys(facts)})"
     if d.error:
-        return Finding("fail", name, f"cannot look at {d.path}: {d.error}")
+        return Finding("fail", name, f"cannot look at {d.path} {named}: {d.error}")
     make = f"mkdir -p {d.path} && chmod 1777 {d.path} (or a tmpfs of the size clients need)"
+    if not d.exists and facts.in_pod:
+        return Finding(
+            "fail",
+            name,
+            f"{d.path} is not in this pod {named}: the /dev/shm of the containers given it "
+            "cannot be checked",
+            f"mount the host's {d.path} into the agent's pod at the same path (hostPath, "
+            "read-only will do: the chart's shm.hostPath, which the mps-host pod mounts at "
+            f"/dev/shm), or run the doctor on the host; where the host lacks it too: {make}",
+        )
     if not d.exists:
-        return Finding("fail", name, f"{d.path} does not exist", make)
+        return Finding("fail", name, f"{d.path} does not exist {named}", make)
     if not d.is_dir:
-        return Finding("fail", name, f"{d.path} is not a directory", make)
+        return Finding("fail", name, f"{d.path} is not a directory {named}", make)
+    where = " (on the host)" if facts.in_pod else ""
     by_group = facts.client_gid is not None and d.gid == facts.client_gid and d.mode & 0o020
     if not d.mode & 0o002 and not by_group:
         return Finding(
@@ -81,7 +93,7 @@ def _check_shared_shm(facts: ShmFacts) -> Finding:
             name,
             f"{d.path} is {d.shown()}: MPS clients of other users cannot create their "
             "segments in it",
-            f"chmod 1777 {d.path}",
+            f"chmod 1777 {d.path}{where}",
         )
     if d.mode & 0o002 and not d.mode & stat.S_ISVTX:
         return Finding(
@@ -89,9 +101,22 @@ def _check_shared_shm(facts: ShmFacts) -> Finding:
             name,
             f"{d.path} is world-writable without the sticky bit ({d.mode:04o}): clients may "
             "remove each other's segments",
-            f"chmod 1777 {d.path}",
+            f"chmod 1777 {d.path}{where}",
         )
     return Finding("ok", name, f"{d.path} exists, mode {d.mode:04o}")
+
+
+def _shared_keys(facts: ShmFacts) -> str:
+    """The settings that name the shared directory on the enabled paths."""
+    keys = [
+        key
+        for key, on, value in (
+            ("kubelet.shm_dir", facts.kubelet_enabled, facts.kubelet_shm_dir),
+            ("dra.shm_dir", facts.dra_enabled, facts.dra_shm_dir),
+        )
+        if on and value
+    ]
+    return " and ".join(keys)
 
 
 def _check_own_shm(facts: ShmFacts) -> Finding:
@@ -160,14 +185,21 @@ def _device_problems(facts: ShmFacts) -> list[tuple[str, str]]:
         if problem:
             found.append((problem, "restart the daemon's starter (the agent, or the MPS host)"))
         elif d.state == "mismatch":
-            found.append(
-                (
-                    f"{d.uuid}: {d.reason}",
-                    f"mount {facts.shm_root} the same way where the agent and the MPS host run "
-                    "(Bidirectional where the tmpfs is made)",
-                )
-            )
+            found.append((f"{d.uuid}: {d.reason}", _mismatch_fix(facts)))
     return found
+
+
+def _mismatch_fix(facts: ShmFacts) -> str:
+    if facts.in_pod:
+        return (
+            f"mount the host directory that holds {facts.shm_root} into the agent's pod with "
+            "mountPropagation Bidirectional (or HostToContainer), so that it sees the tmpfs "
+            "the mps-host pod mounts there (Bidirectional: the chart's run volume)"
+        )
+    return (
+        f"mount {facts.shm_root} the same way where the agent and the MPS host run "
+        "(Bidirectional where the tmpfs is made)"
+    )
 
 
 def _inside(path: str, directory: str) -> bool:

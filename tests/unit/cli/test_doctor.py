@@ -175,8 +175,21 @@ def test_kubernetes_checks(kube: KubeFacts, label: str, runtime_class: str, plug
 
 def test_the_label_fix_names_the_node_and_the_label() -> None:
     f = pf.check_node_label(dataclasses.replace(API, node=node({})))
-    assert "node n1 lacks it" in f.found
-    assert "kubectl label node n1 nvidia.com/gpu.present=true" in f.fix
+    assert "node n1 has neither gpushare.io/node=true" in f.found
+    assert "kubectl label node n1 gpushare.io/node=true" in f.fix
+
+
+@pytest.mark.parametrize(
+    ("labels", "status"),
+    [
+        ({"gpushare.io/node": "true"}, "ok"),  # the chart's opt-in label
+        ({"nvidia.com/gpu.present": "true"}, "ok"),  # the plain manifests'
+        ({"gpushare.io/node": "false"}, "fail"),
+        ({}, "fail"),
+    ],
+)
+def test_either_selector_label_is_a_labelled_node(labels: dict[str, str], status: str) -> None:
+    assert pf.check_node_label(dataclasses.replace(API, node=node(labels))).status == status
 
 
 # -- MPS directories ----------------------------------------------------------------------

@@ -267,6 +267,9 @@ LEASES = {
         (IN_A, "l-a", LEASES, "l-a", True, False),  # the hint picks among matches
         (IN_A, None, LEASES, "l-a-ctr", True, False),  # else the most specific
         (IN_A, "l-shared", LEASES, "l-shared", True, False),  # a shared claim's, its pod's
+        # a pod that joined the shared claim since it was read: the hint, not a lie
+        (NOWHERE, "l-shared", LEASES, "l-shared", False, False),
+        (CgroupFacts(POD_B), "l-shared", {"l-shared": f"pods:{POD_A}"}, "l-shared", False, False),
         (CgroupFacts(POD_B), None, LEASES, "l-b", True, False),  # its own pod's lease first
         (IN_A, "l-b", LEASES, "l-a-ctr", True, True),  # another pod's lease: a lie
         (NOWHERE, "l-b", LEASES, None, False, True),  # ... and it belongs to none

@@ -92,8 +92,11 @@ def named(claim_name: str, pod_name: str = "gpu") -> dict[str, Any]:
         ("template", Users(frozenset({1}), ("p/b",))),
         # the claim of the pod's extended resources: the containers its mappings name
         ("extended", Users(frozenset({2}))),
-        # no container names the claim: every container counts
-        ("whole pod", Users(frozenset({1, 2}), ("p/b",))),
+        # the pod names the claim, no container uses it: no container gets its devices
+        ("unused", Users()),
+        # the pod names the claim nowhere yet (the mapping of a claim for extended
+        # resources is written after it): the containers that ask the resource
+        ("not named yet", Users(frozenset({2}))),
     ],
 )
 def test_claim_users(case: str, expected: Users) -> None:
@@ -107,6 +110,12 @@ def test_claim_users(case: str, expected: Users) -> None:
     elif case == "template":
         found["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
         found["status"] = {"resourceClaimStatuses": [named("claim-x")]}
+    elif case == "unused":
+        found["spec"]["resourceClaims"] = [named("claim-x")]
+        for c in found["spec"]["containers"]:
+            c.pop("resources", None)
+    elif case == "not named yet":
+        found["spec"]["containers"][2]["resources"] = {"limits": {"gpushare.io/gpu": "1"}}
     elif case == "extended":
         mapping = {"containerName": "c", "resourceName": "gpushare.io/gpu", "requestName": "r"}
         found["status"] = {
@@ -115,28 +124,36 @@ def test_claim_users(case: str, expected: Users) -> None:
                 "requestMappings": [mapping],
             }
         }
-    assert claim_users(found, "claim-x") == expected
+    assert claim_users(found, "claim-x", ("gpushare.io/gpu",)) == expected
 
 
 @pytest.mark.parametrize(
-    ("users", "required", "answer"),
+    ("users", "rule", "required", "answer"),
     [
-        (Users(), True, None),  # no pod known: nothing to check
-        (Users(frozenset({5})), True, 5),
-        (Users(frozenset({5}), ("p/x",)), False, None),  # not required: unchecked
-        (Users(frozenset({5}), ("p/x",)), True, "RUN_AS_USER_REQUIRED: claim ns/c: container p/x"),
-        (Users(unstated=("p/x", "p/y")), True, "containers p/x, p/y state no user"),
-        (Users(unstated=tuple(f"p/{i}" for i in range(7))), True, "p/4 and 2 more state"),
-        (Users(frozenset({5, 6})), True, "USER_CONFLICT: claim ns/c is used by pods of"),
-        (Users(frozenset({5, 6})), False, "UIDs 5, 6"),  # two users never run side by side
+        (Users(), True, True, None),  # no pod known: nothing to check
+        (Users(frozenset({5})), True, True, 5),
+        (Users(frozenset({5}), ("p/x",)), True, False, None),  # not required: unchecked
+        (
+            Users(frozenset({5}), ("p/x",)),
+            True,
+            True,
+            "RUN_AS_USER_REQUIRED: claim ns/c: container p/x",
+        ),
+        (Users(unstated=("p/x", "p/y")), True, True, "containers p/x, p/y state no user"),
+        (Users(unstated=tuple(f"p/{i}" for i in range(7))), True, True, "p/4 and 2 more state"),
+        (Users(frozenset({5, 6})), True, True, "USER_CONFLICT: claim ns/c is used by pods of"),
+        (Users(frozenset({5, 6})), True, False, "UIDs 5, 6"),  # the rule, required or not
+        (Users(frozenset({5, 6})), False, False, None),  # multi-user daemons: no rule
     ],
 )
-def test_a_claims_users_decide(users: Users, required: bool, answer: int | str | None) -> None:
+def test_a_claims_users_decide(
+    users: Users, rule: bool, required: bool, answer: int | str | None
+) -> None:
     if answer is None or isinstance(answer, int):
-        assert decided(users, "ns/c", required=required) == answer
+        assert decided(users, "ns/c", rule=rule, required=required) == answer
         return
     with pytest.raises(ClaimError) as caught:
-        decided(users, "ns/c", required=required)
+        decided(users, "ns/c", rule=rule, required=required)
     assert answer in str(caught.value)
     if "REQUIRED" in str(caught.value):
         assert str(caught.value).endswith(FIX)

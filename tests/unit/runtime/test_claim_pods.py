@@ -1,5 +1,6 @@
 """Whom a shared claim's processes belong to (agent.runtime.drausers.ClaimPods): the pods
-the claim is reserved for, as last read, for the claim leases bound to no one pod."""
+the claim is reserved for, as last read, for the claim leases bound to no one pod; and
+which pods' users were read, so that a pod that joins is read once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from agent.core.lease import CLAIM_OWNER, Lease, LeaseState
 from agent.core.types import PriorityClass
 from agent.core.units import GIB
 from agent.runtime.drausers import ClaimPods
+from tests.helpers import FakeClock
 
 POD_A = "7d4424e6-bb13-42f4-a47a-45a4828bf54d"
 POD_B = "a5c1f8d5-1919-434d-add7-4afaafdaef89"
@@ -41,8 +43,24 @@ def test_a_shared_claims_lease_is_bound_to_its_pods_as_last_read() -> None:
     assert pods.bound_now(leases) == {}
 
 
-def test_claims_without_a_live_lease_are_forgotten() -> None:
+def test_a_pod_is_new_until_its_users_were_read() -> None:
     pods = ClaimPods()
-    pods.saw(claim("c1", POD_A))
+    assert pods.saw(claim("c1", POD_A)) == [(f"p-{POD_A[:4]}", POD_A)]
+    pods.checked(claim("c1", POD_A))  # the binding answer read it
+    assert pods.saw(claim("c1", POD_A, POD_B)) == [(f"p-{POD_B[:4]}", POD_B)]
+    assert pods.saw(claim("c1", POD_A, POD_B)) == [(f"p-{POD_B[:4]}", POD_B)], "not read yet"
+    pods.checked(claim("c1", POD_A, POD_B), [POD_B])
+    assert pods.saw(claim("c1", POD_A, POD_B)) == []
+
+
+def test_claims_without_a_live_lease_are_forgotten_once_not_read_for_a_while() -> None:
+    clock = FakeClock()
+    pods = ClaimPods(keep_s=300, clock=clock)
+    pods.saw(claim("c1", POD_A))  # read by a binding answer about to admit
     assert pods.bound_now([]) == {}
-    assert pods.bound_now([lease("l-1", "c1")]) == {}, "forgotten when it had no lease"
+    clock.advance(10)
+    assert pods.bound_now([lease("l-1", "c1")]) == {"l-1": f"pods:{POD_A}"}, "kept meanwhile"
+    clock.advance(301)
+    assert pods.bound_now([]) == {}
+    assert pods.bound_now([lease("l-1", "c1")]) == {}, "forgotten"
+    assert pods.saw(claim("c1", POD_A)) == [(f"p-{POD_A[:4]}", POD_A)], "to be read again"

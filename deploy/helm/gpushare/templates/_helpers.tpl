@@ -1,6 +1,19 @@
-{{/* The namespace of every namespaced object. */}}
+{{/*
+The first word of every object's name and of the app.kubernetes.io/name labels:
+nameOverride, else the chart's name (gpushare). Objects are named <name>-agent,
+<name>-scheduler, ... Not renamed: what the code or Kubernetes knows by its own name (the
+DRA driver and DeviceClass gpushare.io, the scheduler name gpushare, the webhooks'
+*.gpushare.io, the admission policies of templates/policy, the ConfigMap
+gpushare-agent-config) and the Secrets named in certificates.secrets.
+*/}}
+{{- define "gpushare.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The namespace of every namespaced object: namespaceOverride, else namespace.name,
+else the release's. */}}
 {{- define "gpushare.namespace" -}}
-{{- default .Release.Namespace .Values.namespace.name -}}
+{{- coalesce .Values.namespaceOverride .Values.namespace.name .Release.Namespace -}}
 {{- end -}}
 
 {{/* The agent's image: REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@DIGEST. */}}
@@ -43,7 +56,7 @@
 {{- end -}}
 
 {{- define "gpushare.tokenSecret" -}}
-{{- default "gpushare-agent-token" .Values.token.existingSecret -}}
+{{- default (printf "%s-agent-token" (include "gpushare.name" .)) .Values.token.existingSecret -}}
 {{- end -}}
 
 {{- define "gpushare.issuerRef" -}}
@@ -52,15 +65,103 @@ issuerRef:
   name: {{ .Values.certificates.issuer.name }}
 {{- end -}}
 
+{{/*
+The kube-scheduler image's tag (scheduler.version): as given, else the cluster's version
+(.Capabilities.KubeVersion) cut to vX.Y.Z ("v1.34.2-gke.1" -> "v1.34.2"). Helm only knows
+the cluster's version where it talks to one (helm install, helm upgrade, --dry-run=server):
+rendered offline (helm template, a client-side dry run) it has a default of its
+own, always vX.Y.0, unless --kube-version names one. So a vX.Y.0 from no cluster (the
+Namespace kube-system not found) is refused: name the version then.
+*/}}
+{{- define "gpushare.schedulerVersion" -}}
+{{- if .Values.scheduler.version -}}
+{{- .Values.scheduler.version -}}
+{{- else -}}
+{{- $kube := .Capabilities.KubeVersion.Version -}}
+{{- $cut := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" $kube -}}
+{{- if not $cut -}}
+{{- fail (printf "scheduler.version: the cluster's version %q is not vX.Y.Z; set scheduler.version to your control plane's (kubectl version), e.g. v1.34.2" $kube) -}}
+{{- end -}}
+{{- if and (regexMatch "^v?[0-9]+\\.[0-9]+\\.0$" $kube) (not (lookup "v1" "Namespace" "" "kube-system")) -}}
+{{- fail (printf "scheduler.version is required when rendering without a cluster (helm template, a client-side --dry-run): Helm's default Kubernetes version %s is not your control plane's. Set scheduler.version to your control plane's version (kubectl version), e.g. --set scheduler.version=v1.34.2, or give --kube-version with its patch release" $kube) -}}
+{{- end -}}
+{{- printf "v%s" (trimPrefix "v" $cut) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The priorityClassName of a component's pods: the chart's own PriorityClass when
+priorityClass.create, else the component's value ("" none). (list $ VALUE)
+*/}}
+{{- define "gpushare.priorityClassName" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.priorityClass.create -}}
+{{- include "gpushare.priorityClass" $root -}}
+{{- else -}}
+{{- index . 1 -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpushare.priorityClass" -}}
+{{- default (printf "%s-critical" (include "gpushare.name" .)) .Values.priorityClass.name -}}
+{{- end -}}
+
+{{/*
+The nodes of the agents and their MPS daemons (both DaemonSets): nodeSelector, else the
+opt-in label gpushare.io/node=true. A null value drops a key; values are strings.
+
+Refused on `helm upgrade` where it would delete MPS host pods: a DaemonSet's controller
+deletes its pods on the nodes its nodeSelector no longer selects, OnDelete or not, and
+the MPS host pod holds every MPS server of its node's jobs. Unless nodeSelectorMigrated:
+  - the live MPS host DaemonSet (read where Helm talks to the cluster) selecting other
+    nodes than this one would;
+  - without it (offline, or gone): the default label, which earlier charts did not use
+    (they selected nvidia.com/gpu.present=true).
+*/}}
+{{- define "gpushare.nodeSelector" -}}
+{{- $selector := dict -}}
+{{- range $key, $value := .Values.nodeSelector -}}
+{{- if not (kindIs "invalid" $value) -}}
+{{- $_ := set $selector $key (toString $value) -}}
+{{- end -}}
+{{- end -}}
+{{- $default := not $selector -}}
+{{- if $default -}}
+{{- $_ := set $selector "gpushare.io/node" "true" -}}
+{{- end -}}
+{{- if and .Release.IsUpgrade (not .Values.nodeSelectorMigrated) -}}
+{{- $live := lookup "apps/v1" "DaemonSet" (include "gpushare.namespace" .) (printf "%s-mps-host" (include "gpushare.name" .)) -}}
+{{- $was := "" -}}
+{{- $changed := false -}}
+{{- if $live -}}
+{{- $old := dict -}}
+{{- range $key, $value := ($live.spec.template.spec.nodeSelector | default dict) -}}
+{{- $_ := set $old $key (toString $value) -}}
+{{- end -}}
+{{- $changed = not (deepEqual $old $selector) -}}
+{{- $was = printf "the running MPS host DaemonSet selects %s" (toJson $old) -}}
+{{- else if $default -}}
+{{- $changed = true -}}
+{{- $was = "earlier releases of this chart selected nvidia.com/gpu.present=true by default" -}}
+{{- end -}}
+{{- if $changed -}}
+{{- fail (printf "nodeSelector: this upgrade would select the nodes %s, but %s. Kubernetes deletes the MPS host pod, and with it every running job's MPS server, on each node no longer selected. Label the GPU nodes first (kubectl label node NODE gpushare.io/node=true, for each), then upgrade with --set nodeSelectorMigrated=true; or keep the old nodes with an explicit nodeSelector, e.g. --set-string nodeSelector.nvidia\\.com/gpu\\.present=true" (toJson $selector) $was) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $selector -}}
+{{- end -}}
+
 {{/* Where the agents and their MPS daemons run (both DaemonSets). */}}
 {{- define "gpushare.nodePlacement" -}}
+{{- include "gpushare.nodePlacementLines" . | trim -}}
+{{- end -}}
+
+{{- define "gpushare.nodePlacementLines" -}}
 {{- if .Values.runtimeClassName }}
 runtimeClassName: {{ .Values.runtimeClassName }}
 {{- end }}
-{{- with .Values.nodeSelector }}
 nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+  {{- include "gpushare.nodeSelector" . | nindent 2 }}
 {{- with .Values.image.pullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}

@@ -142,8 +142,7 @@ spec:
 {{ include "gpushare.runAsUser.resourcePolicy" (dict "name" "gpushare-dra-gpu-run-as-user" "resources" (list "gpushare.io/gpu" "deviceclass.resource.kubernetes.io/gpushare.io")) }}
 ---
 # A pod with resource claims: each container that names one of them in resources.claims
-# (every container where none does: the claims are the whole pod's) must state the user
-# it runs as, by its own securityContext.runAsUser or the pod's. An admission policy cannot
+# (a container that names none gets none of their devices) must state the user it runs as, by its own securityContext.runAsUser or the pod's. An admission policy cannot
 # read a claim's device class, so this one holds only in the namespaces the chart's
 # runAsUserPolicy.draNamespaceSelector selects (by default those labelled
 # gpushare.io/run-as-user=required), or in every one with runAsUserPolicy.draAllNamespaces;
@@ -176,25 +175,21 @@ spec:
       expression: >-
         object.spec.containers.filter(c, has(c.resources) && has(c.resources.claims) &&
         c.resources.claims.exists(u, u.name in variables.claims))
-    # whether any container names a claim; where none does, every container uses them
-    - name: named
-      expression: size(variables.initUsers) + size(variables.users) > 0
-    # those that use the claims and state no user (neither their own nor the pod's), by name
+    # those that use the claims and state no user (neither their own nor the pod's), by
+    # name; a container that names no claim gets none of their devices, so no MPS client
     - name: unstated
       expression: >-
         variables.podUser ? [] :
-        (variables.named ? variables.initUsers : variables.initContainers).filter(c,
+        variables.initUsers.filter(c,
         !(has(c.securityContext) && has(c.securityContext.runAsUser))).map(c,
         "init container " + c.name) +
-        (variables.named ? variables.users : object.spec.containers).filter(c,
+        variables.users.filter(c,
         !(has(c.securityContext) && has(c.securityContext.runAsUser))).map(c,
         "container " + c.name)
   validations:
     - expression: size(variables.unstated) == 0
       messageExpression: >-
-        variables.unstated[0] + (variables.named ? " uses a resource claim" :
-        " uses the pod's resource claims (no container names one)") + " but states no
-        user (runAsUser):
+        variables.unstated[0] + " uses a resource claim but states no user (runAsUser):
         {{ include "gpushare.runAsUser.fix" . | wrap 80 | nindent 8 | trim }}"
 ---
 apiVersion: admissionregistration.k8s.io/v1
