@@ -24,7 +24,7 @@ from agent.admission.policy import Rules
 from agent.config.dra import DraSettings
 from agent.core.errors import GpushareError, StateError
 from agent.core.lease import Lease
-from agent.core.types import Device, SharingMode
+from agent.core.types import Device
 from agent.core.units import MIB, parse_bytes
 from agent.dra.cdi import (
     CdiDevice,
@@ -280,7 +280,7 @@ class ClaimDriver:
     ) -> list[ShareAsk]:
         """``asks`` with the user of the claim's pods (:mod:`agent.runtime.drausers`): read
         where a share is on an MPS device (one daemon a GPU, one server a user)."""
-        if not on_mps(asks, self._node.devices):
+        if not on_mps((a.device_uuid for a in asks), self._node.devices):
             return list(asks)
         rule = self._rules.one_user_per_device
         required = rule and self.settings.require_run_as_user
@@ -291,9 +291,8 @@ class ClaimDriver:
     def user_rule_on(self, leases: Sequence[Lease]) -> bool:
         """Whether one user a server holds for these leases' devices (an MPS device, the
         daemons not multi-user)."""
-        devices = (self._node.devices.get(x.device_uuid) for x in leases)
-        on_mps = any(d is not None and d.sharing_mode is SharingMode.MPS for d in devices)
-        return self._rules.one_user_per_device and on_mps
+        held = (x.device_uuid for x in leases)
+        return self._rules.one_user_per_device and on_mps(held, self._node.devices)
 
     async def admit_ask(self, ask: ShareAsk) -> Lease:
         """The share's lease (admitted now, or before), or ClaimError saying why not."""

@@ -64,9 +64,10 @@ async def with_user(
     return [replace(a, run_as_uid=uid) for a in asks]
 
 
-def on_mps(asks: Sequence[ShareAsk], devices: Mapping[str, Device]) -> bool:
-    """Whether a share of ``asks`` is on an MPS device (where one server serves one user)."""
-    found = (devices.get(a.device_uuid) for a in asks)
+def on_mps(device_uuids: Iterable[str], devices: Mapping[str, Device]) -> bool:
+    """Whether one of ``device_uuids`` is an MPS device (one server a user, one daemon a
+    GPU), for shares to admit or leases held."""
+    found = (devices.get(uuid) for uuid in device_uuids)
     return any(d is not None and d.sharing_mode is SharingMode.MPS for d in found)
 
 

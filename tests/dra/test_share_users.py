@@ -111,8 +111,12 @@ async def test_pods_gone_or_replaced_do_not_count(agent: App, api: FakeApiServer
         ({"status": 500}, grpc.StatusCode.UNAVAILABLE),
         ({"status": 403, "reason": "Forbidden"}, grpc.StatusCode.UNAVAILABLE),
         ({"status": 0, "times": 2}, grpc.StatusCode.UNAVAILABLE),
+        # timed out: no answer at all, or the read served and its answer lost
+        ({"hang": True}, grpc.StatusCode.UNAVAILABLE),
+        ({"status": 0, "landed": True, "times": 2}, grpc.StatusCode.UNAVAILABLE),
     ],
 )
+@pytest.mark.parametrize("extra_settings", [{"dra.api_timeout_s": 0.5}])
 async def test_a_pod_that_cannot_be_read_is_an_error_asked_again_later(
     agent: App, api: FakeApiServer, fault: dict[str, Any], code: grpc.StatusCode
 ) -> None:
