@@ -31,6 +31,7 @@ from agent.cli.options import (
     seconds_option,
     serve_until_stopped,
 )
+from agent.cli.rollout import kube_wait_rollout
 from agent.core.errors import ConfigError, GpushareError
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 @click.group(context_settings=CONTEXT)
 def kube() -> None:
     """The cluster side of the Kubernetes integration (see docs/kubernetes.md)."""
+
+
+kube.add_command(kube_wait_rollout)
 
 
 def _listen(_ctx: click.Context, param: click.Parameter, value: str) -> str:

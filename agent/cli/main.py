@@ -320,6 +320,7 @@ def _register_subgroups() -> None:
     from agent.cli.dra import dra
     from agent.cli.estimator import estimator
     from agent.cli.events import events
+    from agent.cli.gpu import gpu
     from agent.cli.kube import kube
     from agent.cli.mps import mps
     from agent.cli.profile import profile
@@ -334,6 +335,7 @@ def _register_subgroups() -> None:
         estimator,
         kube,
         dra,
+        gpu,
         readiness,
         leases.leases,
         leases.explain,

@@ -177,6 +177,24 @@ class ResourceApi(Protocol):
     async def aclose(self) -> None: ...
 
 
+class DaemonSetApi(Protocol):
+    """``apps/v1`` DaemonSets of one namespace as the uninstall hook uses them
+    (``gpushare kube wait-rollout``): read one, delete one, list the pods it selects."""
+
+    async def get_daemon_set(self, namespace: str, name: str) -> Obj: ...
+
+    async def delete_daemon_set(self, namespace: str, name: str, *, propagation: str) -> None:
+        """Delete it with ``propagationPolicy`` ``propagation`` (Background, Foreground,
+        Orphan); :class:`NotFound` if it is gone already."""
+        ...
+
+    async def list_namespaced_pods(
+        self, namespace: str, *, label_selector: str = ""
+    ) -> Listing: ...
+
+    async def aclose(self) -> None: ...
+
+
 def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     metadata = obj.get("metadata") or {}
     return metadata.get("annotations") or {}

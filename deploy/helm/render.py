@@ -1,6 +1,12 @@
 """Render the plain manifests under daemonset/ and deploy/ from the Helm chart
 deploy/helm/gpushare: the chart is the one source of truth, these files are its output for
-the values below (the extender path, and the DRA path's own objects).
+the values below (the extender path, and the DRA path's own objects). Also writes the
+chart's schema of ``agentConfig`` (values.schema.json's definitions.agentConfig) from the
+agent's own settings (agent.config.loading.setting_fields, the source of
+docs/configuration.md): every group and key the agent knows and no other, each typed as
+its loader takes it (a string where it coerces one), with its choices and bounds, and null
+(which drops the chart's key). Helm then refuses an unknown or mistyped key at render time,
+naming it; the agent checks everything again when it starts.
 
     python deploy/helm/render.py           # (re)write them
     python deploy/helm/render.py --check   # exit 1, naming the files, when any differs
@@ -19,6 +25,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from agent.config.loading import setting_fields  # noqa: E402 (after the path)
+
 CHART = REPO / "deploy" / "helm" / "gpushare"
 NAMESPACE = "gpushare-system"
 RELEASE = "gpushare"
@@ -88,14 +98,16 @@ def render_all(
     *,
     kube_version: str | None = None,
     upgrade: bool = False,
+    chart_dir: Path = CHART,
 ) -> dict[str, str]:
     """Every template rendered offline with ``values`` (NOTES.txt too): {path under
     templates/: text}. ``kube_version``: the cluster's version as Helm would read it
     (.Capabilities.KubeVersion; None: Helm's default); ``upgrade``: as `helm upgrade`
-    renders (.Release.IsUpgrade), else as `helm install`."""
+    renders (.Release.IsUpgrade), else as `helm install`; ``chart_dir``: the chart's
+    folder (this checkout's by default; an unpacked package, say)."""
     import helm_python  # the dev dependency helm-python-sdk
 
-    chart = helm_python.Chart.load(str(CHART))
+    chart = helm_python.Chart.load(str(chart_dir))
     if kube_version is None:
         rendered = chart.render(
             values or {}, name=RELEASE, namespace=namespace, is_install=not upgrade,
@@ -132,16 +144,76 @@ def render(
     *,
     kube_version: str | None = None,
     upgrade: bool = False,
+    chart_dir: Path = CHART,
 ) -> dict[str, str]:
     """The chart's manifests rendered offline (render_all but NOTES.txt)."""
-    rendered = render_all(values, namespace, kube_version=kube_version, upgrade=upgrade)
+    rendered = render_all(
+        values, namespace, kube_version=kube_version, upgrade=upgrade, chart_dir=chart_dir
+    )
     rendered.pop("NOTES.txt", None)
     return rendered
 
 
+# A setting's type -> the JSON types its loader takes (agent.config.loading._convert).
+JSON_TYPES = {
+    str: ["string"],
+    bool: ["boolean", "string"],  # true/false, or "yes", "off", ... (checked at start)
+    int: ["integer", "string"],  # a number, or a string of one (checked at start)
+    float: ["number", "string"],
+}
+
+
+def key_schema(default: Any, rules: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": [*JSON_TYPES[type(default)], "null"]}
+    if "choices" in rules:
+        schema["enum"] = [*rules["choices"], None]
+    if "min" in rules:
+        schema["minimum"] = rules["min"]
+    if "max" in rules:
+        schema["maximum"] = rules["max"]
+    return schema
+
+
+def agent_config_schema() -> dict[str, Any]:
+    groups: dict[str, dict[str, Any]] = {}
+    for key, field in setting_fields().items():
+        group, name = key.split(".", 1)
+        rules = {k: v for k, v in field.metadata.items() if k in ("choices", "min", "max")}
+        properties = groups.setdefault(group, {})
+        properties[name] = key_schema(field.default, rules)
+    return {
+        "description": (
+            "The agent's own settings (docs/configuration.md), merged over the chart's "
+            "(values.yaml): its groups and keys only, typed as the agent reads them; "
+            "null drops the chart's key."
+        ),
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            group: {
+                "type": ["object", "null"],
+                "additionalProperties": False,
+                "properties": properties,
+            }
+            for group, properties in groups.items()
+        },
+    }
+
+
+SCHEMA = CHART / "values.schema.json"
+
+
+def schema_text() -> str:
+    """values.schema.json with its agentConfig definition made from the agent's settings."""
+    schema = json.loads(SCHEMA.read_text())
+    schema["definitions"]["agentConfig"] = agent_config_schema()
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
 def plain_files() -> dict[str, str]:
-    """{plain file, relative to the repository: its text} as the chart renders it."""
-    files: dict[str, str] = {}
+    """{generated file, relative to the repository: its text}: the plain manifests as the
+    chart renders them, and the chart's schema of agentConfig."""
+    files: dict[str, str] = {"deploy/helm/gpushare/values.schema.json": schema_text()}
     for values, targets in RENDERS:
         rendered = render(values)
         for template, target in targets.items():

@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Build the agent's OCI image, gpushare-agent:<version>, from Debian packages and locked
-# wheels, with podman (or docker where podman is missing). See README.md beside this file.
+# wheels, with podman, offline. See README.md beside this file.
 #
-#   deploy/image/build.sh [--with-mps] [--reuse-base] [--tag NAME:TAG]
+#   deploy/image/build.sh [--with-mps] [--reuse-base] [--tag NAME:TAG] [--out DIR] [--save]
 #
 #   --with-mps    also install Debian non-free nvidia-cuda-mps into the image (off by default:
 #                 on a GPU node the NVIDIA container runtime mounts the host driver's MPS
 #                 binaries, which always match the running driver)
 #   --reuse-base  keep an already imported base image of the same release instead of
 #                 running mmdebstrap again
+#   --out DIR     where the chart's package goes (default dist/ in the repository)
+#   --save        also write the image there as an OCI archive (podman save)
 #
 # Steps: (1) mmdebstrap a minbase Debian rootfs of the host's own release from the host's
 # own configured apt sources (apt_sources.py: no archive host is named here) into a
-# tarball and import it as localhost/gpushare-base:<release>; (2) build this checkout's
-# wheel and download the locked wheels (requirements.lock, hashes required); (3) build
-# Containerfile on that base with no network. Needs root for mmdebstrap's root mode (or
+# tarball and import it as localhost/gpushare-base:<release>; (2) download the locked wheels
+# (requirements.lock and build-requirements.lock, hashes required); (3) build
+# daemonset/Dockerfile from this checkout on that base with no network, pip finding only
+# those wheels (mounted with `podman build -v`, which docker build lacks: podman is
+# required); (4) package the Helm chart into DIR (deploy/helm/package.py:
+# gpushare-<version>.tgz and its OCI layout). Needs root for mmdebstrap's root mode (or
 # uidmap for its unshare mode). Prints the build time and the image size at the end.
 set -euo pipefail
 
@@ -27,12 +32,16 @@ size_ceiling_mb=500
 with_mps=0
 reuse_base=0
 tag=""
+out="$repo/dist"
+save=0
 while (($#)); do
   case "$1" in
     --with-mps) with_mps=1 ;;
     --reuse-base) reuse_base=1 ;;
     --tag) tag="$2"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --out) out="$2"; shift ;;
+    --save) save=1 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -44,14 +53,13 @@ tag="${tag:-gpushare-agent:$version}"
 
 # The build's own containers.conf (default_ulimits = [] for Debian's podman 4.3 and runc).
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
-if command -v podman >/dev/null 2>&1; then
-  engine=podman
-elif command -v docker >/dev/null 2>&1; then
-  engine=docker
-else
-  echo "build.sh: neither podman nor docker is installed" >&2
+# podman alone: the offline build mounts the wheels into it (-v), which docker build cannot;
+# with docker, build daemonset/Dockerfile from an index instead (README.md).
+command -v podman >/dev/null 2>&1 || {
+  echo "build.sh: podman is not installed (the offline build mounts the wheels with" \
+    "podman build -v; with docker, see the portable build in deploy/image/README.md)" >&2
   exit 1
-fi
+}
 command -v mmdebstrap >/dev/null 2>&1 || { echo "build.sh: mmdebstrap is not installed" >&2; exit 1; }
 
 # shellcheck disable=SC1091
@@ -67,7 +75,7 @@ trap 'rm -rf "$work"' EXIT
 python="${PYTHON:-python3}"
 
 # (1) The base: a minbase rootfs, no docs, man pages or locales (copyright files kept).
-if ((reuse_base)) && "$engine" image inspect "$base" >/dev/null 2>&1; then
+if ((reuse_base)) && podman image inspect "$base" >/dev/null 2>&1; then
   echo "== base $base (reused)"
 else
   echo "== base $base: mmdebstrap $release"
@@ -88,48 +96,55 @@ else
     --dpkgopt='path-exclude=/usr/share/locale/*' \
     --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
     "$release" "$work/rootfs.tar" "$work/debian.sources"
-  "$engine" import --change 'CMD ["/bin/bash"]' "$work/rootfs.tar" "$base" >/dev/null
+  podman import --change 'CMD ["/bin/bash"]' "$work/rootfs.tar" "$base" >/dev/null
   rm -f "$work/rootfs.tar"
 fi
-debian_version="$("$engine" run --rm --network=none "$base" cat /etc/debian_version)"
-py_version="$("$engine" run --rm --network=none "$base" \
+debian_version="$(podman run --rm --network=none "$base" cat /etc/debian_version)"
+py_version="$(podman run --rm --network=none "$base" \
   python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
 # What goes into the image, taken before it is copied (a later edit makes it stale, never
 # the other way round).
 digest="$("$python" "$here/source_digest.py")"
 
-# (2) The build context: the lock, its wheels for the base's Python (hashes checked here
-# and again in the build) and this checkout's own wheel, built from a copy of its sources.
+# (2) Both locks' wheels for the base's Python (hashes checked here and again in the build).
 echo "== wheels (Python $py_version)"
-mkdir -p "$work/context/wheels" "$work/context/project" "$work/src"
-cp "$here/requirements.lock" "$work/context/requirements.lock"
-"$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-  --python-version "$py_version" --require-hashes -r "$here/requirements.lock" \
-  -d "$work/context/wheels"
-cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/agent" "$work/src/"
-find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
-"$python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-  -w "$work/context/project" "$work/src"
+mkdir -p "$work/wheels"
+for lock in requirements.lock build-requirements.lock; do
+  "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version "$py_version" --require-hashes -r "$here/$lock" -d "$work/wheels"
+done
 
-# (3) The image, with no network, labelled with that digest.
+# (3) daemonset/Dockerfile, with no network: the context is this checkout (the repository's
+# .dockerignore keeps it to the sources and the locks), pip finds only the mounted wheels,
+# at /mnt (empty in the base: a new mount point would stay in the image as an empty
+# folder). The base is local, and no intermediate images are kept. The labels given here
+# replace the Dockerfile's base name (the local base's tag) with the Debian point release.
 echo "== image $tag"
-# podman: the base is local, and no intermediate images are kept. docker's --pull only forces
-# a pull, and it has no --layers; a local base is used as it is.
-engine_args=(--pull=never --layers=false)
-if [[ "$engine" == docker ]]; then
-  engine_args=()
-fi
-"$engine" build --network=none "${engine_args[@]}" \
+base_name="debian:$release ($debian_version) (mmdebstrap minbase)"
+podman build --network=none --pull=never --layers=false \
+  -v "$work/wheels:/mnt:ro" \
+  --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/mnt \
   --build-arg BASE="$base" --build-arg VERSION="$version" \
-  --build-arg DEBIAN_RELEASE="$release ($debian_version)" \
+  --label org.opencontainers.image.base.name="$base_name" \
   --label gpushare.source-digest="$digest" --label gpushare.with-mps="$with_mps" \
-  -f "$here/Containerfile" -t "$tag" "$work/context"
+  -f "$repo/daemonset/Dockerfile" -t "$tag" "$repo"
 
 # The venv stage's image and earlier builds' untagged images are of no further use.
 for label in gpushare.stage=venv gpushare.image=agent; do
-  "$engine" image prune --force --filter "label=$label" >/dev/null || true
+  podman image prune --force --filter "label=$label" >/dev/null || true
 done
-size="$("$engine" image inspect --format '{{.Size}}' "$tag")"
+# (4) The chart, packaged as `helm package` and `helm push` would (no helm binary needed),
+# and, with --save, the image as an OCI archive beside it.
+echo "== chart package in $out"
+"$python" "$repo/deploy/helm/package.py" --out "$out"
+if ((save)); then
+  archive="$out/${tag//[:\/]/_}.oci.tar"
+  rm -f "$archive"
+  podman save --format oci-archive -o "$archive" "$tag"
+  echo "== saved $tag as $archive"
+fi
+
+size="$(podman image inspect --format '{{.Size}}' "$tag")"
 echo "== built $tag on Debian $release ($debian_version) in $((SECONDS - started)) s;" \
   "image size $((size / 1000000)) MB ($size bytes; ceiling $size_ceiling_mb MB)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Print the sha256 of what goes into the agent's image: the project's sources and package
-data, pyproject.toml, README.md and this folder's build files. build.sh labels the image
+data, pyproject.toml, README.md and the build's own files (the Dockerfile, the context's
+.dockerignore, the locks, this folder's scripts). build.sh labels the image
 with it (gpushare.source-digest); the image check reuses an image only when its label
 matches, so a stale image is never tested in place of this checkout."""
 
@@ -11,8 +12,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_DIR = Path(__file__).resolve().parent
-BUILD_FILES = ("Containerfile", "requirements.lock", "build.sh", "apt_sources.py")
+BUILD_FILES = (
+    "daemonset/Dockerfile",
+    ".dockerignore",
+    "deploy/image/requirements.lock",
+    "deploy/image/build-requirements.lock",
+    "deploy/image/build.sh",
+    "deploy/image/apt_sources.py",
+)
 
 
 def inputs(repo: Path = REPO) -> list[Path]:
@@ -20,7 +27,7 @@ def inputs(repo: Path = REPO) -> list[Path]:
     files += sorted(
         p for p in (repo / "agent").rglob("*") if p.is_file() and "__pycache__" not in p.parts
     )
-    files += [IMAGE_DIR / name for name in BUILD_FILES]
+    files += [repo / name for name in BUILD_FILES]
     return files
 
 

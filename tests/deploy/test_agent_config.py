@@ -154,11 +154,19 @@ BAD = [
 
 
 @pytest.mark.parametrize(("agent_config", "key"), BAD, ids=[key for _c, key in BAD])
-def test_a_wrong_key_or_value_stops_the_agent_naming_it(
+def test_a_wrong_key_or_value_is_refused_at_render_and_stops_the_agent_naming_it(
     agent_config: dict[str, Any], key: str, tmp_path: Path
 ) -> None:
-    docs = objects({"agentConfig": agent_config})
-    config = config_text(docs)
+    # values.schema.json (the agent's own settings) refuses it when Helm renders ...
+    with pytest.raises(helm_python.HelmValuesError, match=re.escape(key.rsplit(".", 1)[-1])):
+        objects({"agentConfig": agent_config})
+    # ... and the agent when it starts with it anyway (a ConfigMap edited by hand, a chart
+    # rendered without its schema): the chart's file with it merged as the template does.
+    docs = objects({})
+    chart = yaml.safe_load(config_text(docs))
+    for group, body in agent_config.items():
+        chart[group] = {**chart.get(group, {}), **body} if isinstance(body, dict) else body
+    config = yaml.safe_dump(chart)
     env = kubelet_env(agent_env(docs), host_ip="10.0.0.7")
     # Refused by the loader first: `serve` below never gets as far as starting an agent.
     with pytest.raises(ConfigError) as refused:
@@ -292,3 +300,35 @@ def test_a_change_of_agent_config_rolls_the_agents() -> None:
         )
 
     assert config_hash({}) != config_hash({"agentConfig": {"readiness": {"deadline_s": 300}}})
+
+
+def test_the_schema_of_agent_config_is_the_agent_s_settings() -> None:
+    """values.schema.json's agentConfig lists every group and key the agent knows, typed as
+    its loader reads them (deploy/helm/render.py): a new setting fails here until the
+    schema has it (`deploy/render.sh` writes it)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["agentConfig"] == {"$ref": "#/definitions/agentConfig"}
+    assert schema["definitions"]["agentConfig"] == RENDER.agent_config_schema()
+
+
+def test_agent_config_keys_of_every_kind_render() -> None:
+    """What the schema lets through renders: a choice, a bound, a boolean given as a word,
+    a number as a string, null (the chart's key dropped)."""
+    config = yaml.safe_load(
+        config_text(
+            objects(
+                {
+                    "agentConfig": {
+                        "telemetry": {"source": "exporter"},
+                        "estimator": {"coverage": 0.9},
+                        "kubelet": {"enabled": "yes"},
+                        "runtime": {"lock_wait_s": "30", "log_format": None},
+                    }
+                }
+            )
+        )
+    )
+    assert config["telemetry"]["source"] == "exporter"
+    assert config["kubelet"]["enabled"] == "yes" and config["runtime"]["lock_wait_s"] == "30"
+    assert "log_format" not in config["runtime"]
+    load_settings(yaml.safe_dump(config))  # and the agent takes it

@@ -363,6 +363,17 @@ def test_the_schema_is_valid_and_types_every_value_of_values_yaml() -> None:
         ({"shm": {"size": "big"}}, "/shm/size"),
         ({"tolerations": [{"key": "k", "operator": "Maybe"}]}, "/tolerations/0/operator"),
         ({"nodeSelectorMigrated": "yes"}, "/nodeSelectorMigrated"),
+        ({"telemetry": {"dcgmExporter": {"enabled": "yes"}}}, "/telemetry/dcgmExporter/enabled"),
+        ({"telemetry": {"dcgmExporter": {"url": "localhost:9400"}}}, "/telemetry/dcgmExporter/url"),
+        ({"telemetry": {"dcgmHostEngine": {"hots": "$(HOST_IP)"}}}, "hots"),
+        ({"agentConfig": ["telemetry.source=nvml"]}, "/agentConfig"),
+        ({"agentConfig": {"telemetri": {"source": "nvml"}}}, "telemetri"),
+        ({"agentConfig": {"telemetry": {"sourse": "nvml"}}}, "sourse"),
+        ({"agentConfig": {"telemetry": {"source": "prometheus"}}}, "/agentConfig/telemetry/source"),
+        ({"agentConfig": {"estimator": {"coverage": 2}}}, "/agentConfig/estimator/coverage"),
+        ({"agentConfig": {"runtime": {"lock_wait_s": [60]}}}, "/agentConfig/runtime/lock_wait_s"),
+        ({"certificates": {"mode": "selfSigned"}}, "/certificates/mode"),
+        ({"certificates": {"generated": {"days": "1y"}}}, "/certificates/generated/days"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else v,
 )
@@ -396,12 +407,45 @@ def test_the_notes_say_the_next_three_commands_in_the_release_namespace() -> Non
 # The objects that keep their names whatever nameOverride says (templates/_helpers.tpl):
 # besides these, the ones named by values (certificates.*) and the hooks' (templates/hooks).
 FIXED_NAMES = {
-    ("ConfigMap", "gpushare-agent-config"),  # templates/agent/configmap.yaml
     ("DeviceClass", "gpushare.io"),
 }
 
 
-@pytest.mark.parametrize("path", ["extender", "both"])
+# What a pod may name that the chart does not make (with the default values): Kubernetes
+# makes this ConfigMap in every namespace (the API server's CA, for projected tokens).
+NOT_RENDERED = {("ConfigMap", "kube-root-ca.crt")}
+
+
+def pod_references(spec: dict[str, Any]) -> set[tuple[str, str]]:
+    """(kind, name) of every ConfigMap, Secret and ServiceAccount a pod spec names: its
+    service account, volumes (projected ones too), env and envFrom, image pull secrets."""
+    found = {("ServiceAccount", spec.get("serviceAccountName", "default"))}
+    for volume in spec.get("volumes", []):
+        sources = [volume, *volume.get("projected", {}).get("sources", [])]
+        for source in sources:
+            if "configMap" in source:
+                found.add(("ConfigMap", source["configMap"]["name"]))
+            if "secret" in source:
+                found.add(
+                    ("Secret", source["secret"].get("secretName") or source["secret"]["name"])
+                )
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {})
+            if "configMapKeyRef" in ref:
+                found.add(("ConfigMap", ref["configMapKeyRef"]["name"]))
+            if "secretKeyRef" in ref:
+                found.add(("Secret", ref["secretKeyRef"]["name"]))
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                found.add(("ConfigMap", source["configMapRef"]["name"]))
+            if "secretRef" in source:
+                found.add(("Secret", source["secretRef"]["name"]))
+    found |= {("Secret", s["name"]) for s in spec.get("imagePullSecrets", [])}
+    return found
+
+
+@pytest.mark.parametrize("path", ["extender", "dra", "both"])
 def test_a_name_and_namespace_override_render_a_release_whose_references_resolve(
     path: str,
 ) -> None:
@@ -436,18 +480,22 @@ def test_a_name_and_namespace_override_render_a_release_whose_references_resolve
         for d in docs
         if d["kind"] in ("DaemonSet", "Deployment")
     }
+    hook_pods = {
+        (d["kind"], d["metadata"]["name"]): d["spec"]["template"]
+        for template, text in render(values, namespace="ignored").items()
+        if template.startswith("hooks/")
+        for d in yaml.safe_load_all(text)
+        if d and d["kind"] == "Job"
+    }
+    made = {(k, n) for k, n in named} | {("Secret", n) for n in made_secrets} | hooks
+    for (_kind, name), template in {**pods, **hook_pods}.items():
+        for reference in pod_references(template["spec"]):
+            assert reference in made | NOT_RENDERED, (name, reference)
     for (_kind, name), template in pods.items():
-        spec = template["spec"]
-        assert spec["serviceAccountName"] in accounts, name
         assert (
             name.startswith("gpu-")
             and template["metadata"]["labels"]["app.kubernetes.io/name"] == name
         )
-        for volume in spec["volumes"]:
-            if "configMap" in volume:
-                assert ("ConfigMap", volume["configMap"]["name"]) in named
-            if "secret" in volume:
-                assert volume["secret"]["secretName"] in made_secrets
     labels = [t["metadata"]["labels"] for t in pods.values()]
 
     def selects(selector: dict[str, str]) -> bool:

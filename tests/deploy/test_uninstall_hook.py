@@ -12,9 +12,6 @@ saw."""
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import ssl
 import subprocess
 import sys
 import tomllib
@@ -27,7 +24,7 @@ import yaml
 
 from agent.kube.annotations import FINALIZER
 from agent.kubeapi.connection import SERVICE_ACCOUNT
-from tests.certs import make_pki, make_token
+from tests.deploy.job_pod import JobPod
 from tests.deploy.test_chart import RENDER
 from tests.helpers import REPO, subprocess_env
 from tests.kube.apiserver import FakeApiServer
@@ -39,21 +36,6 @@ DELETE_POLICY = {"before-hook-creation", "hook-succeeded"}
 NS = "gpushare"
 # An offline render does not know the cluster's version: the scheduler's is named.
 BASE_VALUES: dict[str, Any] = {"scheduler": {"version": "v1.31.0"}}
-
-# Loaded in the Job's process (PYTHONPATH) before the CLI: the service account's files from
-# GPUSHARE_TEST_SERVICE_ACCOUNT instead of SERVICE_ACCOUNT, where a pod has them. Only
-# their place changes; the command still finds them as it does in a pod.
-SITECUSTOMIZE = """\
-import os
-
-_root = os.environ.get("GPUSHARE_TEST_SERVICE_ACCOUNT")
-if _root:
-    from agent.kubeapi.connection import ApiConnection
-
-    ApiConnection.in_cluster.__func__.__kwdefaults__.update(
-        token_file=os.path.join(_root, "token"), ca_file=os.path.join(_root, "ca.crt")
-    )
-"""
 
 
 def hooks(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -213,20 +195,6 @@ def rbac_call(method: str, path_qs: str) -> tuple[str, str, str, bool]:
     return group, resource, verb, not namespaced
 
 
-def job_process_env(api_url: str, account: Path, shim: Path) -> dict[str, str]:
-    """A pod's environment: the kubelet's KUBERNETES_SERVICE_HOST and _PORT, the Job's own
-    env, no GPUSHARE_KUBE_API_SERVER; ``shim`` first on the path (SITECUSTOMIZE)."""
-    env = subprocess_env()
-    env.pop("GPUSHARE_KUBE_API_SERVER", None)
-    env["PYTHONPATH"] = f"{shim}{os.pathsep}{env['PYTHONPATH']}"
-    env["GPUSHARE_TEST_SERVICE_ACCOUNT"] = str(account)
-    host, _, port = api_url.removeprefix("https://").rpartition(":")
-    env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"] = host, port
-    for item in job_container(hooks()).get("env", []):
-        env[item["name"]] = item["value"]
-    return env
-
-
 async def run_job(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60, check=False
@@ -234,21 +202,11 @@ async def run_job(argv: list[str], env: dict[str, str]) -> subprocess.CompletedP
 
 
 async def test_the_jobs_command_removes_only_our_finalizer_with_only_the_calls_granted(
-    tmp_path: Path,
+    job_pod: JobPod,
 ) -> None:
-    pki = make_pki(tmp_path / "pki")
-    account = tmp_path / "serviceaccount"  # what a pod has at SERVICE_ACCOUNT
-    account.mkdir()
-    token = make_token(account / "token")
-    shutil.copy(pki.ca, account / "ca.crt")
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(pki.server_cert, pki.server_key)
     docs = hooks()
     argv = [sys.executable, "-m", "agent", *job_container(docs)["args"]]
-    async with FakeApiServer(token=token, ssl_context=tls) as api:
+    async with FakeApiServer(token=job_pod.token, ssl_context=job_pod.server_tls) as api:
         api.create_pod("running", "team-a", finalizers=[FINALIZER], node_name="n1")
         api.create_pod("ending", "team-a", finalizers=[FINALIZER], node_name="n1")
         api.create_pod(
@@ -264,7 +222,7 @@ async def test_the_jobs_command_removes_only_our_finalizer_with_only_the_calls_g
         }
         # one write lost to a concurrent one: the command reads the pod again (get)
         api.fail_next("PATCH", r"/namespaces/team-a/pods/running$", 409, reason="Conflict")
-        done = await run_job(argv, job_process_env(api.url, account, shim))
+        done = await run_job(argv, job_pod.env(api.url, job_container(docs)))
         assert done.returncode == 0, done.stdout + done.stderr
 
         running = api.pod("team-a", "running")

@@ -1,9 +1,10 @@
 """A stand-in kube-apiserver for tests: real paths, JSON shapes, status codes and ``Status``
 error bodies for the few resources the cluster side uses (pods, nodes, core/v1 events,
-discovery/v1 EndpointSlices, coordination/v1 Leases: create, get and PUT; every verb of
-resource.k8s.io/v1 DeviceClasses, ResourceSlices, ResourceClaims with ``/status`` and
-ResourceClaimTemplates), held in memory under one global, increasing ``resourceVersion`` (a
-string of an integer, set on an object by every write to it).
+discovery/v1 EndpointSlices, coordination/v1 Leases: create, get and PUT; apps/v1
+DaemonSets: get, list and delete; every verb of resource.k8s.io/v1 DeviceClasses, ResourceSlices,
+ResourceClaims with ``/status`` and ResourceClaimTemplates), held in memory under one
+global, increasing ``resourceVersion`` (a string of an integer, set on an object by every
+write to it).
 
     async with FakeApiServer(token="t") as api:
         pod = api.create_pod("train-0", "team-a", finalizers=["gpushare.io/lease"])
@@ -558,7 +559,10 @@ CLAIM_TEMPLATES = Kind(
     True,
 )
 DRA_KINDS = (DEVICE_CLASSES, RESOURCE_SLICES, RESOURCE_CLAIMS, CLAIM_TEMPLATES)
-KINDS = {k.resource: k for k in (PODS, NODES, EVENTS, SLICES, LEASES, *DRA_KINDS)}
+# apps/v1 DaemonSets: get, list and delete only; a test puts them in place, status
+# included (put_object), as their controller would have written them.
+DAEMON_SETS = Kind("daemonsets", "DaemonSet", "apps/v1", True, _META_FIELDS, _META_REFUSAL)
+KINDS = {k.resource: k for k in (PODS, NODES, EVENTS, SLICES, LEASES, DAEMON_SETS, *DRA_KINDS)}
 Key = tuple[str, str]  # (namespace, name); namespace "" for nodes
 
 
@@ -1440,6 +1444,8 @@ class FakeApiServer:
         self.requests: Counter[str] = Counter()  # by Kubernetes verb: get, list, watch, ...
         # (method, path with query, content type) of every request, in order
         self.log: list[tuple[str, str, str]] = []
+        # (path, DeleteOptions) of every DaemonSet DELETE, in order
+        self.deletions: list[tuple[str, Obj]] = []
         self.faults: list[Fault] = []
         # asked about every request before the faults above: a fault to answer it with, or
         # None (a benchmark's random faults: bench/faults.py)
@@ -1504,6 +1510,10 @@ class FakeApiServer:
         add("POST", leases, partial(self._create, LEASES))
         add("GET", leases + "/{name}", partial(self._get, LEASES))
         add("PUT", leases + "/{name}", partial(self._replace, LEASES, ""))
+        daemon_sets = "/apis/apps/v1/namespaces/{namespace}/daemonsets"
+        add("GET", daemon_sets, partial(self._list, DAEMON_SETS))
+        add("GET", daemon_sets + "/{name}", partial(self._get, DAEMON_SETS))
+        add("DELETE", daemon_sets + "/{name}", self._delete_daemon_set)
         self._dra_routes()
 
     def _dra_routes(self) -> None:
@@ -2037,6 +2047,21 @@ class FakeApiServer:
         stored = self._find(kind, m.get("namespace", ""), m["name"])
         _check_preconditions(kind, stored, options.get("preconditions") or {})
         return web.json_response(self._remove(kind, stored))
+
+    async def _delete_daemon_set(self, request: web.Request) -> web.StreamResponse:
+        """DELETE of a DaemonSet, its DeleteOptions recorded. ``propagationPolicy``
+        Foreground leaves it marked with the finalizer ``foregroundDeletion`` (no garbage
+        collector here removes it); Background, Orphan or none delete it at once."""
+        m = request.match_info
+        options = await _delete_options(request)
+        self.deletions.append((request.path, options))
+        stored = self._find(DAEMON_SETS, m["namespace"], m["name"])
+        _check_preconditions(DAEMON_SETS, stored, options.get("preconditions") or {})
+        policy = options.get("propagationPolicy") or request.query.get("propagationPolicy")
+        if policy == "Foreground" and not stored["metadata"].get("deletionTimestamp"):
+            stored = _copy(stored)
+            stored["metadata"]["finalizers"] = ["foregroundDeletion"]
+        return web.json_response(self._remove(DAEMON_SETS, stored))
 
     async def _delete_collection(self, kind: Kind, request: web.Request) -> web.StreamResponse:
         """DELETE on a list path (what the kubelet does to a node's ResourceSlices): every

@@ -3,8 +3,8 @@ The first word of every object's name and of the app.kubernetes.io/name labels:
 nameOverride, else the chart's name (gpushare). Objects are named <name>-agent,
 <name>-scheduler, ... Not renamed: what the code or Kubernetes knows by its own name (the
 DRA driver and DeviceClass gpushare.io, the scheduler name gpushare, the webhooks'
-*.gpushare.io, the admission policies of templates/policy, the ConfigMap
-gpushare-agent-config) and the Secrets named in certificates.secrets.
+*.gpushare.io, the admission policies of templates/policy) and the Secrets named in
+certificates.secrets.
 */}}
 {{- define "gpushare.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
@@ -31,8 +31,8 @@ else the release's. */}}
 {{- if not (has .Values.path (list "extender" "dra" "both")) -}}
 {{- fail (printf "path: %q is none of extender, dra, both" .Values.path) -}}
 {{- end -}}
-{{- if not (has .Values.certificates.mode (list "certManager" "secrets")) -}}
-{{- fail (printf "certificates.mode: %q is none of certManager, secrets" .Values.certificates.mode) -}}
+{{- if not (has .Values.certificates.mode (list "certManager" "generated" "secrets")) -}}
+{{- fail (printf "certificates.mode: %q is none of certManager, generated, secrets" .Values.certificates.mode) -}}
 {{- end -}}
 {{- if not (has .Values.certificates.issuer.kind (list "Issuer" "ClusterIssuer")) -}}
 {{- fail (printf "certificates.issuer.kind: %q is none of Issuer, ClusterIssuer" .Values.certificates.issuer.kind) -}}
@@ -53,6 +53,15 @@ else the release's. */}}
 
 {{- define "gpushare.certManager" -}}
 {{- if eq .Values.certificates.mode "certManager" -}}true{{- end -}}
+{{- end -}}
+
+{{- define "gpushare.generated" -}}
+{{- if eq .Values.certificates.mode "generated" -}}true{{- end -}}
+{{- end -}}
+
+{{/* The agents' ConfigMap (both DaemonSets mount it): <name>-agent-config. */}}
+{{- define "gpushare.agentConfigMap" -}}
+{{- printf "%s-agent-config" (include "gpushare.name" .) -}}
 {{- end -}}
 
 {{- define "gpushare.tokenSecret" -}}
@@ -166,4 +175,97 @@ nodeSelector:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/*
+certificates.mode generated: the chart's own CA and certificates (templates/certificates/
+generated.yaml writes them as Secrets, scheduler/webhook.yaml the CA as caBundle). Made
+once per render and kept in .Values (every template of a render shares it), so every
+object names the same CA. Kept across upgrades: each Secret is read back (lookup) and kept
+while it names what it is for (annotation gpushare.io/certificate-for), its annotation
+gpushare.io/not-after is further than renewBeforeDays away and, for a leaf, its ca.crt is
+the kept CA's. What is missing, changed or near expiry is made anew: a leaf signed by the
+same CA, so peers that still hold the old files keep verifying it; a new CA (missing or
+near expiry) makes every leaf anew with it. Helm's functions give every leaf both usages
+(server auth, client auth) and ECDSA P-256 keys. Rendered without a cluster (helm
+template, a client-side dry run) nothing can be read back: every render makes new ones.
+
+Returns nothing; read the result with (get .Values "__gpushareGeneratedCertificates"):
+{ca: {Cert, Key}, LEAF: {Cert, Key, notAfter, for}} for LEAF in agent, schedulerClient,
+webhook (extender path) and draControllerClient (dra path).
+*/}}
+{{- define "gpushare.generateCertificates" -}}
+{{- if not (hasKey .Values "__gpushareGeneratedCertificates") -}}
+{{- $name := include "gpushare.name" . -}}
+{{- $ns := include "gpushare.namespace" . -}}
+{{- $gen := .Values.certificates.generated -}}
+{{- $renewS := mul (int $gen.renewBeforeDays) 86400 -}}
+{{- if ge (int $gen.renewBeforeDays) (int $gen.days) -}}
+{{- fail (printf "certificates.generated.renewBeforeDays (%v) must be below certificates.generated.days (%v): every upgrade would renew them" $gen.renewBeforeDays $gen.days) -}}
+{{- end -}}
+{{- if ge (int $gen.days) (int $gen.caDays) -}}
+{{- fail (printf "certificates.generated.days (%v) must be below certificates.generated.caDays (%v)" $gen.days $gen.caDays) -}}
+{{- end -}}
+{{- $result := dict -}}
+{{- $caFor := "CN=gpushare-ca" -}}
+{{- $caLive := lookup "v1" "Secret" $ns (printf "%s-ca" $name) -}}
+{{- $ca := dict -}}
+{{- if include "gpushare.keptCertificate" (list $caLive $caFor $renewS "") -}}
+{{- $kept := buildCustomCert (index $caLive.data "tls.crt") (index $caLive.data "tls.key") -}}
+{{- $ca = dict "Cert" $kept.Cert "Key" $kept.Key "notAfter" (index $caLive.metadata.annotations "gpushare.io/not-after") "for" $caFor -}}
+{{- else -}}
+{{- $made := genCAWithKey "gpushare-ca" (int $gen.caDays) (genPrivateKey "ecdsa") -}}
+{{- $ca = dict "Cert" $made.Cert "Key" $made.Key "notAfter" (include "gpushare.notAfter" $gen.caDays) "for" $caFor -}}
+{{- end -}}
+{{- $_ := set $result "ca" $ca -}}
+{{- $service := printf "%s-agent.%s.svc" $name $ns -}}
+{{- $leaves := dict "agent" (list (printf "%s-agent" $name) (list $service (printf "*.%s" $service))) -}}
+{{- if include "gpushare.extender" . -}}
+{{- $_ := set $leaves "schedulerClient" (list "gpushare-scheduler" list) -}}
+{{- $_ := set $leaves "webhook" (list (printf "%s-webhook" $name) (list (printf "%s-webhook.%s.svc" $name $ns))) -}}
+{{- end -}}
+{{- if include "gpushare.dra" . -}}
+{{- $_ := set $leaves "draControllerClient" (list "gpushare-dra-controller" list) -}}
+{{- end -}}
+{{- range $leaf, $subject := $leaves -}}
+{{- $cn := index $subject 0 -}}
+{{- $dns := index $subject 1 -}}
+{{- $for := printf "CN=%s" $cn -}}
+{{- if $dns -}}{{- $for = printf "%s; DNS=%s" $for (join "," $dns) -}}{{- end -}}
+{{- $live := lookup "v1" "Secret" $ns (get $.Values.certificates.secrets $leaf) -}}
+{{- if include "gpushare.keptCertificate" (list $live $for $renewS $ca.Cert) -}}
+{{- $_ := set $result $leaf (dict "Cert" (index $live.data "tls.crt" | b64dec) "Key" (index $live.data "tls.key" | b64dec) "notAfter" (index $live.metadata.annotations "gpushare.io/not-after") "for" $for) -}}
+{{- else -}}
+{{- $made := genSignedCertWithKey $cn nil $dns (int $gen.days) (buildCustomCert ($ca.Cert | b64enc) ($ca.Key | b64enc)) (genPrivateKey "ecdsa") -}}
+{{- $_ := set $result $leaf (dict "Cert" $made.Cert "Key" $made.Key "notAfter" (include "gpushare.notAfter" $gen.days) "for" $for) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set .Values "__gpushareGeneratedCertificates" $result -}}
+{{- end -}}
+{{- end -}}
+
+{{/* now + DAYS as RFC 3339 (UTC): a certificate's notAfter as Helm's functions set it. */}}
+{{- define "gpushare.notAfter" -}}
+{{- dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "+%dh" (mul (int .) 24))) "UTC" -}}
+{{- end -}}
+
+{{/*
+"true" when a Secret read back (list SECRET FOR RENEW_BEFORE_S CA_PEM) may be kept: it has
+tls.crt and tls.key, is for FOR, is not within RENEW_BEFORE_S of its notAfter and, with
+CA_PEM, its ca.crt is that CA.
+*/}}
+{{- define "gpushare.keptCertificate" -}}
+{{- $secret := index . 0 -}}
+{{- $for := index . 1 -}}
+{{- $renewS := index . 2 -}}
+{{- $caPem := index . 3 -}}
+{{- if $secret -}}
+{{- $data := $secret.data | default dict -}}
+{{- $notes := $secret.metadata.annotations | default dict -}}
+{{- $notAfter := get $notes "gpushare.io/not-after" -}}
+{{- $leftS := sub (toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch | int64) (now | unixEpoch | int64) -}}
+{{- if and (get $data "tls.crt") (get $data "tls.key") (eq (get $notes "gpushare.io/certificate-for") $for) $notAfter (gt $leftS (int64 $renewS)) -}}
+{{- if or (not $caPem) (eq (get $data "ca.crt" | b64dec) $caPem) -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
