@@ -138,7 +138,7 @@ def _train_file(
     from agent.estimator.training import train as fit
 
     lines, records = _read(data, need_retention=True)
-    how = f"{folds}-fold" if folds else "leave-one-family-out"
+    how = f"{folds}-fold" if folds else "leave-one-family-out (near twins held out together)"
     click.echo(f"training on {len(records)} records, {how} cross-validation ...", err=True)
     try:
         result = fit(
@@ -194,6 +194,7 @@ def training_summary(cv: dict[str, Any], checks: dict[str, Any]) -> list[str]:
     lines += [f"{name:<24}{_figure(p):>12}{_figure(r):>12}" for name, p, r in rows]
     if "util_sum_best" not in cv:
         lines.append("(no utilisation-sum baseline: the records carry no gpu_util)")
+    lines += choice_summary(cv.get("gate_choice"))
     bases = cv.get("retention_bases", {})
     if all(bases.get(b) for b in ("device", "share")):
         lines.append(
@@ -217,6 +218,27 @@ def training_summary(cv: dict[str, Any], checks: dict[str, Any]) -> list[str]:
         lines.append(
             "monotonic constraints: "
             + (f"dropped {', '.join(dropped)} (cost accuracy)" if dropped else "all kept")
+        )
+    return lines
+
+
+def choice_summary(choice: dict[str, Any] | None) -> list[str]:
+    """The estimate the gate decides on and its held-out recall beside the best rule's,
+    each with its threshold chosen without the family it is scored on."""
+    if not choice:
+        return []
+    floor = choice["floor"]
+    lines = [
+        f"gate decides on: {choice['estimate']} ({choice['reason']})",
+        f"{'held out @' + str(floor):<24}{'precision':>12}{'recall':>12}",
+        f"{'gate':<24}{_figure(choice['gate_heldout_precision']):>12}"
+        f"{_figure(choice['gate_heldout_recall']):>12}",
+    ]
+    if choice.get("best_rule"):
+        lines.append(
+            f"{'best rule ' + choice['best_rule'][5:]:<24}"
+            f"{_figure(choice['best_rule_heldout_precision']):>12}"
+            f"{_figure(choice['best_rule_heldout_recall']):>12}"
         )
     return lines
 

@@ -11,10 +11,11 @@ How the two are compared, on the node's records only (what this node runs is wha
 model must get right here), grouped by workload family:
 
 - the **candidate** is trained by the full pipeline (``training.train``: checked
-  constraints, forest or line, calibration, operating point) on the base records and all
-  the node's; its figures on the node come from models of the same kind fitted without each
-  node family in turn, so every node record is predicted by a model that never saw its
-  family;
+  constraints, forest or line, calibration, the estimate the gate decides on, operating
+  point) on the base records and all the node's; its figures on the node come from models
+  of the same kind fitted without each node family in turn (its estimate for the MAE, the
+  estimate its gate decides on for the gate), so every node record is predicted by a model
+  that never saw its family;
 - the **current** model predicts the node's records as it is (it may have learnt from them
   in an earlier swap: that only favours it); without a model, the gate's fallback rule.
 
@@ -46,10 +47,10 @@ from agent.core.errors import ValidationError
 from agent.estimator import operating
 from agent.estimator.compiled import CompiledForest
 from agent.estimator.evaluation import precision_recall, util_sum_rule
-from agent.estimator.linear import LinearModel
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record, family_of, to_json
 from agent.estimator.training import (
+    FloatArray,
     TrainResult,
     data_hash,
     fit_winner,
@@ -57,6 +58,7 @@ from agent.estimator.training import (
     save,
     train,
 )
+from agent.estimator.transfer import refit
 
 MIN_GAIN = 0.02  # relative MAE the candidate must win by
 PRECISION_SLACK = 0.02
@@ -122,22 +124,20 @@ def _candidate_on_node(
     families = [family_of(r.target) for r in node]
     x_node = matrix(node, result.names)
     y_node = np.asarray([r.retention for r in node], dtype=np.float64)
-    mean, spread = np.zeros_like(y_node), np.zeros_like(y_node)
+    mean, decided, doubt = np.zeros_like(y_node), np.zeros_like(y_node), np.zeros_like(y_node)
     for family in sorted(set(families)):
         held = np.asarray([f == family for f in families])
         rest = base + [r for r, f in zip(node, families, strict=True) if f != family]
         if not rest:  # the node's only family and no base records: nothing to fit on
-            mean[held] = float(np.mean(y_node))
+            mean[held] = decided[held] = float(np.mean(y_node))
             continue
         x = matrix(rest, result.names)
         y = np.asarray([r.retention for r in rest], dtype=np.float64)
-        forest, line = fit_winner(
-            result.regressor, x, y, result.names, trees, seed, result.constraints
+        mean[held], (decided[held], doubt[held]) = _fitted_without(
+            result, x, y, x_node[held], trees, seed
         )
-        m, s = _predict(forest, line, x_node[held])
-        mean[held], spread[held] = m, s
     p = operating.p_keep(
-        mean, spread, GATE_FLOOR, result.predictive["q"], float(result.predictive["eps"])
+        decided, doubt, GATE_FLOOR, result.predictive["q"], float(result.predictive["eps"])
     )
     threshold = operating.threshold_at(result.gate, GATE_FLOOR, precision)
     got_precision, got_recall = precision_recall(
@@ -150,10 +150,25 @@ def _candidate_on_node(
     }
 
 
-def _predict(forest: Any, line: LinearModel | None, x: Any) -> tuple[Any, Any]:
-    if line is not None:
-        return line.predict_with_spread(x)
-    return CompiledForest.from_sklearn(forest).predict_with_spread(x)
+def _fitted_without(
+    result: TrainResult, x: FloatArray, y: FloatArray, asked: FloatArray, trees: int, seed: int
+) -> tuple[FloatArray, tuple[FloatArray, FloatArray]]:
+    """The candidate's estimate for ``asked``, and what its gate decides on, each refitted
+    on ``x``, ``y`` as the candidate chose them."""
+    if result.structure is not None:
+        own = refit(result.structure, x, y, trees, seed, result.constraints)
+        m, s = own.predict_with_spread(asked)
+    else:
+        forest, line = fit_winner(
+            result.regressor, x, y, result.names, trees, seed, result.constraints
+        )
+        m, s = (
+            line if line is not None else CompiledForest.from_sklearn(forest)
+        ).predict_with_spread(asked)
+    if result.decision is None:
+        return m, (m, s)
+    decision = refit(result.decision, x, y, trees, seed, result.constraints)
+    return m, decision.predict_with_spread(asked)
 
 
 def _current_on_node(

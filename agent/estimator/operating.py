@@ -111,7 +111,14 @@ def operating_points(
     labels = np.asarray(groups)
     table: dict[str, list[list[Any]]] = {
         key: []
-        for key in ("threshold", "cv_precision", "cv_recall", "heldout_precision", "heldout_recall")
+        for key in (
+            "threshold",
+            "cv_precision",
+            "cv_recall",
+            "heldout_precision",
+            "heldout_recall",
+            "heldout_precision_se",
+        )
     }
     for floor in FLOORS:
         p, good = by_floor[floor], truth >= floor
@@ -122,14 +129,16 @@ def operating_points(
         held = [_heldout(p, good, labels, precision) for precision in PRECISIONS]
         table["heldout_precision"].append([h[0] for h in held])
         table["heldout_recall"].append([h[1] for h in held])
+        table["heldout_precision_se"].append([h[2] for h in held])
     return {"floors": list(FLOORS), "precisions": list(PRECISIONS), **table}
 
 
 def _heldout(
     p: FloatArray, good: npt.NDArray[np.bool_], labels: npt.NDArray[Any], precision: float
-) -> tuple[float | None, float]:
+) -> tuple[float | None, float, float]:
     """Precision (None: nothing was admitted, so nothing was shown) and recall when each
-    family's threshold is chosen from the other families' records."""
+    family's threshold is chosen from the other families' records, and the standard error
+    of that precision across families (``precision_se``)."""
     taken = np.zeros(p.shape, dtype=bool)
     for group in np.unique(labels):
         inside = labels == group
@@ -140,7 +149,23 @@ def _heldout(
         taken[inside] = admitted(p[inside], threshold)
     held_precision = float(good[taken].mean()) if taken.any() else None
     held_recall = float(taken[good].mean()) if good.any() else 1.0
-    return held_precision, held_recall
+    return held_precision, held_recall, precision_se(taken, good, labels)
+
+
+def precision_se(
+    taken: npt.NDArray[np.bool_], good: npt.NDArray[np.bool_], labels: npt.NDArray[Any]
+) -> float:
+    """The standard error of the held-out precision across families: the spread of each
+    family's own precision (of those admitted anything) over the root of their number, 0
+    with fewer than two."""
+    shown = [
+        good[taken & (labels == g)].mean()
+        for g in np.unique(labels)
+        if (taken & (labels == g)).any()
+    ]
+    if len(shown) < 2:
+        return 0.0
+    return float(np.std(shown, ddof=1) / np.sqrt(len(shown)))
 
 
 def column_for(gate: Mapping[str, Any], row: int, precision: float) -> int:
@@ -151,6 +176,7 @@ def column_for(gate: Mapping[str, Any], row: int, precision: float) -> int:
     precision came closest."""
     precisions = list(gate["precisions"])
     held = gate.get("heldout_precision")
+    se = gate.get("heldout_precision_se")
     columns = [c for c, level in enumerate(precisions) if level >= precision - 1e-9]
     columns = columns or [len(precisions) - 1]
     if held is None:
@@ -160,6 +186,10 @@ def column_for(gate: Mapping[str, Any], row: int, precision: float) -> int:
         value = held[row][column]
         return -1.0 if value is None else float(value)
 
+    if se is not None:  # a margin of one standard error across families, where it holds
+        for column in columns:
+            if shown(column) - float(se[row][column]) >= precision - 1e-9:
+                return column
     for column in columns:
         if shown(column) >= precision - 1e-9:
             return column

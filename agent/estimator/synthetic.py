@@ -122,3 +122,78 @@ def _threads(workload: Workload, thread_pct: float) -> Workload:
     return Workload(
         workload.workload, thread_pct, workload.memory_bytes, workload.counters, workload.family
     )
+
+
+# The family-shift world: retention a monotone function of the set's combined pressure,
+# times a sensitivity of the target's *kind* (a few families each: the same architecture
+# family trained differently) that the counters tell apart but that does not follow from
+# them. A forest learns each kind's sensitivity from its signature counter (``pcie_util``)
+# and, held out one family at a time, finds the family's siblings and looks good; a family
+# of a kind it never saw gets the sensitivity of whichever kind's signature is nearest,
+# which says nothing about its own. With ``transfer`` the sensitivity follows the
+# signature (the same rule for every kind), and the correction carries to new kinds.
+SHIFT_GPU = ("NVIDIA A100-SXM4-80GB", 80 * GIB)
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    signature: float  # pcie_util, % (what tells the kind apart)
+    sensitivity: float
+
+
+def shift_workloads(
+    rng: random.Random, kinds: int, per_kind: int, transfer: bool
+) -> list[tuple[Workload, Hidden]]:
+    result = []
+    for k in range(kinds):
+        signature = rng.uniform(5.0, 95.0)
+        sensitivity = 0.5 + 1.2 * signature / 100 if transfer else rng.uniform(0.3, 2.0)
+        for f in range(per_kind):
+            family = f"kind{k}-net{f}"
+            sm0, dram0 = rng.uniform(0.15, 0.5), rng.uniform(0.1, 0.45)
+            own = Kind(signature + rng.uniform(-2.0, 2.0), sensitivity * rng.uniform(0.95, 1.05))
+            for batch in BATCHES:
+                scale = (batch / 32) ** 0.4
+                sm, dram = min(0.97, sm0 * scale), min(0.95, dram0 * scale)
+                counters = {
+                    "gpu_util": round(100 * sm, 1),
+                    "mem_util": round(100 * dram, 1),
+                    "pcie_util": round(own.signature, 1),
+                    "fb_used_bytes": float(int(rng.uniform(2.0, 6.0) * GIB)),
+                }
+                workload = Workload(f"{family}-bs{batch}", 100.0, 0, counters, family)
+                result.append((workload, Hidden(sm, dram, own.sensitivity)))
+    return result
+
+
+def shift_retention(sm_total: float, dram_total: float, sensitivity: float) -> float:
+    """Retention from the set's combined pressure and the target's sensitivity."""
+    pressure = sm_total + 0.8 * dram_total
+    loss = min(1.0, 0.35 * max(0.0, pressure - 1.0) ** 1.2)
+    return float(max(0.0, 1.0 - sensitivity * loss))
+
+
+def family_shift_runs(
+    count: int,
+    *,
+    seed: int = 0,
+    noise: float = 0.02,
+    kinds: int = 6,
+    per_kind: int = 3,
+    transfer: bool = False,
+) -> list[Record]:
+    """``count`` pairs and triples on one GPU model, one record per workload."""
+    rng = random.Random(seed)
+    pool = shift_workloads(rng, kinds, per_kind, transfer)
+    model, memory = SHIFT_GPU
+    records: list[Record] = []
+    for _ in range(count):
+        chosen = rng.sample(pool, rng.choice([2, 2, 3]))
+        sm_total = sum(h.sm for _w, h in chosen)
+        dram_total = sum(h.dram for _w, h in chosen)
+        for i, (target, hidden) in enumerate(chosen):
+            peers = tuple(w for j, (w, _h) in enumerate(chosen) if j != i)
+            kept = shift_retention(sm_total, dram_total, hidden.sensitivity)
+            value = min(1.0, max(0.0, kept + rng.gauss(0.0, noise)))
+            records.append(Record(model, memory, target, peers, None, round(value, 4)))
+    return records

@@ -8,8 +8,12 @@ setting ``estimator.gate_precision``): of the sets admitted so, that share keep 
 in the model's grouped cross-validation. The numbers shown (Explain, estimates) are the
 explained conservative ``retention_lower`` at the model's coverage (``estimator.coverage``).
 A model from before operating points gates on ``retention_lower >= floor`` and says so.
-Without a model the fallback is the utilisation-sum rule: the set keeps
-``min(1, 100 / sum of gpu_util)``, and every answer says which was used. A workload's
+A model whose gate decides on another estimate than the one it reports (a one-line rule or
+the monotone base of aggregate pressure, chosen in training for what held on families it
+never saw: ``estimator.training``) computes P(keep) from that estimate, and a refusal names
+it and the pressure term that weighs most in it. Without a model the fallback is the
+utilisation-sum rule: the set keeps ``min(1, 100 / sum of gpu_util)``, and every answer
+says which was used. A workload's
 counters are those sent with the request, else its profile's (at its thread share, where
 the profile measured one); without either it is modelled as keeping 80% of its thread
 share busy.
@@ -205,15 +209,17 @@ class ProfileGate:
             if lower >= floor:
                 return ""
             return f"would keep {lower:.2f} of its solo speed, under its floor {floor:.2f}"
-        p = float(model.p_keep(found.mean[at : at + 1], found.spread[at : at + 1], floor)[0])
+        p = float(
+            model.p_keep(found.gate_mean[at : at + 1], found.gate_spread[at : at + 1], floor)[0]
+        )
         threshold = model.threshold(floor, self.precision)
         if threshold is not None and p >= threshold:
             return ""
         needed = "no chance is enough" if threshold is None else f"the gate needs {threshold:.2f}"
         return (
             f"would keep {mean:.2f} of its solo speed (at least {lower:.2f}); "
-            f"P(keeping its floor {floor:.2f}) = {p:.2f}, {needed} at precision "
-            f"{self.precision:.2f}"
+            f"P(keeping its floor {floor:.2f}) = {p:.2f}{_decided_by(model, found, at)}, "
+            f"{needed} at precision {self.precision:.2f}"
         )
 
     def _rule_verdict(
@@ -301,3 +307,12 @@ def unattributed(workloads: list[Workload], measured: Mapping[str, float]) -> Wo
         "mem_util": 100.0 * dram_extra,
     }
     return Workload("unattributed", 100.0 * sm_extra, 0, counters)
+
+
+def _decided_by(model: RetentionModel, found: Estimates, at: int) -> str:
+    """Which estimate the gate decided on, where not the one shown, and which pressure
+    term weighs most in it."""
+    if found.decided is None:
+        return ""
+    term = f", driven most by {found.term[at]}" if found.term else ""
+    return f" on the {model.decides_on} estimate {float(found.decided[at]):.2f}{term}"

@@ -208,3 +208,28 @@ def test_a_swapped_model_reaches_admission_and_explain_at_once() -> None:
     assert gate.model is explaining.model and gate.model is not None
     assert gate.model.coverage == 0.8, "the configured coverage applies to the new model"
     assert "model " in explaining.name and "80% coverage" in explaining.name
+
+
+def test_a_gate_deciding_on_a_rule_reports_the_learned_estimate_and_names_the_rule(
+    tmp_path: Path,
+) -> None:
+    from agent.estimator.synthetic import family_shift_runs
+    from agent.estimator.training import save, train
+
+    records = family_shift_runs(400, seed=4)
+    result = train(records, folds=0, trees=15, seed=0, check_constraints=False)
+    assert result.decision is not None, result.cv["gate_choice"]["reason"]
+    save(result, tmp_path, data_sha256="t", records=len(records), provenance="test")
+    model = RetentionModel.load(tmp_path)
+    assert model.decides_on == result.cv["gate_choice"]["estimate"].split("@")[0]
+    found = model.estimate(records[:200])
+    assert found.decided is not None and found.doubt is not None
+    # what is shown stays the learned estimate; the gate decides on its own
+    assert not (found.mean == found.decided).all()
+    p, admitted = model.admits(found, 0.85, 0.95)
+    assert (p == model.p_keep(found.decided, found.doubt, 0.85)).all()
+    refused = int((~admitted).nonzero()[0][0])
+    gate = ProfileGate(model, PROFILES, gate_precision=0.95)
+    why = gate._refusal(model, found, refused, 0.85)
+    assert f"on the {model.decides_on} estimate" in why and "driven most by" in why
+    assert found.term[refused] in why

@@ -49,8 +49,15 @@ def test_the_gate_reports_its_operating_point_next_to_the_baselines(trained) -> 
     chosen = result.cv["selected"]
     assert chosen["gate_precision_target"] == 0.95
     assert chosen["gate_cv_precision_at_0.85"] >= 0.95
-    # every recall the sum rule reaches at that precision, the gate beats
-    assert chosen["gate_cv_recall_at_0.85"] > result.cv["util_sum_best"]["gate_recall_at_0.85"]
+    # every recall a one-line rule reaches at that precision on held-out families, the
+    # gate reaches too: each rule is one of the estimates it chooses from, scored the same
+    # way (the rule's limit here chosen without the family it is scored on, as the gate's)
+    choice = result.cv["gate_choice"]
+    assert choice["gate_heldout_recall"] >= choice["best_rule_heldout_recall"] - 0.01
+    # where nothing keeps the precision held out, the gate says so and decides on the
+    # estimate that came closest
+    shown = [c["heldout_precision"] or 0.0 for c in choice["candidates"].values()]
+    assert choice["reached"] or choice["gate_heldout_precision"] == max(shown)
     assert 0 < chosen["gate_threshold_at_0.85"] <= 1
     assert len(result.gate["threshold"]) == len(result.gate["floors"])
 
