@@ -16,6 +16,11 @@ from agent.runtime.events import EventLog
 from agent.runtime.section import run_to_end
 from agent.state.port import StateStore
 
+# why a control loop closed a device (Device.closed_detail), and the events that close one
+GONE_DETAIL = "the device is gone from the node"
+LOST_DETAIL = "NVML reports the GPU lost"  # its GPU-lost event, or XID 79
+FAULT_EVENTS = ("mps.server_fatal", "gpu.xid", "gpu.ecc_double_bit", "gpu.fatal_poison")
+
 
 class Availability:
     def __init__(

@@ -10,18 +10,17 @@ from dataclasses import dataclass, field
 
 from agent.admission.degradation import DegradationRule
 from agent.config import Settings
-from agent.gpu.port import TelemetrySource
+from agent.gpu.port import GpuBackend
 from agent.gpu.sampler import Sampler
+from agent.mps.port import MpsManager
 from agent.mps.stale import Policy
 from agent.runtime.attribution import ProcessAttributor
-from agent.runtime.degrade import DegradationMonitor
+from agent.runtime.degrade import DegradationMonitor, LiveGate
 from agent.runtime.events import EventLog
-from agent.runtime.gate import ProfileGate
 from agent.runtime.janitor import Janitor
 from agent.runtime.node import NodeService
 from agent.runtime.readiness import ReadinessWatcher
 from agent.runtime.tasks import Supervisor
-from agent.runtime.wiring import Ports, SimCounters
 
 
 @dataclass
@@ -41,9 +40,10 @@ def build_control(
     settings: Settings,
     node: NodeService,
     *,
-    ports: Ports,
+    gpu: GpuBackend,
+    mps: MpsManager,
     events: EventLog,
-    gate: ProfileGate,
+    gate: LiveGate,
     sampler: Sampler,
     clock: Callable[[], float],
 ) -> ControlLoops:
@@ -52,8 +52,8 @@ def build_control(
     attributor = ProcessAttributor(events)  # one cache, each mismatch reported once
     readiness = ReadinessWatcher(
         node,
-        gpu=ports.gpu,
-        mps_states=ports.mps.states,
+        gpu=gpu,
+        mps_states=mps.states,
         events=events,
         clock=clock,
         policy=r.policy,
@@ -62,8 +62,8 @@ def build_control(
     )
     janitor = Janitor(
         node,
-        mps=ports.mps,
-        gpu=ports.gpu,
+        mps=mps,
+        gpu=gpu,
         events=events,
         clock=clock,
         policy=Policy(
@@ -76,7 +76,7 @@ def build_control(
     degradation = DegradationMonitor(
         node,
         gate=gate,
-        mps=ports.mps,
+        mps=mps,
         events=events,
         rule=DegradationRule(d.windows, d.margin, d.cooldown_windows, d.evict),
         clock=clock,
@@ -85,13 +85,3 @@ def build_control(
     )
     sampler.listeners.append(degradation.on_window)
     return ControlLoops(readiness, janitor, degradation, actions)
-
-
-def connect_sim_counters(
-    telemetry: TelemetrySource | None, node: NodeService, gate: ProfileGate
-) -> None:
-    """On the simulated node, device counters follow the leases placed there."""
-    counters = getattr(telemetry, "counters", None)
-    if isinstance(counters, SimCounters):
-        counters.signature = gate.lease_counters
-        counters.leases = lambda uuid: [x for x in node.leases.values() if x.device_uuid == uuid]

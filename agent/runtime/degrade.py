@@ -14,20 +14,31 @@ import asyncio
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from agent.admission.degradation import DegradationRule, DeviceHealth, Step, step
+from agent.admission.policy import DeviceView
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import ReasonCode, WindowSample
 from agent.mps.port import MpsManager
 from agent.mps.stale import clients_on
 from agent.runtime.events import EventLog
-from agent.runtime.gate import ProfileGate
 from agent.runtime.janitor import terminate_clients
 from agent.runtime.node import NodeService
 
 log = logging.getLogger(__name__)
+
+
+class LiveGate(Protocol):
+    """What the monitor asks of the retention gate (``agent.runtime.gate.ProfileGate``)."""
+
+    def estimate_live(
+        self, view: DeviceView, measured: Mapping[str, float]
+    ) -> dict[str, float]: ...
+
+    def floor_of(self, profile: str | None, stated: float | None) -> float | None: ...
 
 
 class DegradationMonitor:
@@ -35,7 +46,7 @@ class DegradationMonitor:
         self,
         node: NodeService,
         *,
-        gate: ProfileGate,
+        gate: LiveGate,
         mps: MpsManager,
         events: EventLog,
         rule: DegradationRule,

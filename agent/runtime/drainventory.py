@@ -29,7 +29,7 @@ from agent.core.units import MIB, parse_bytes
 from agent.dra.claims import ADMITTED, REFUSED
 from agent.dra.port import DeviceHealth, Health
 from agent.dra.slices import Capacity, SliceDevice, Taint
-from agent.runtime.janitor import FAULT_EVENTS, GONE_DETAIL, LOST_DETAIL
+from agent.runtime.availability import FAULT_EVENTS, GONE_DETAIL, LOST_DETAIL
 
 MIN_SHARE_BYTES = 256 * MIB
 QUIET_THREADS_PCT = 50.0  # at most this much compute committed: "quiet"

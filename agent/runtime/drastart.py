@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from agent.admission.policy import Rules
 from agent.api.dra_metrics import DraStats
 from agent.config import Settings
+from agent.config.fields import setting_bytes
 from agent.core.errors import ConfigError
 from agent.dra import toolkit
 from agent.dra.plugin import DraPluginServer
@@ -24,7 +25,6 @@ from agent.dra.publisher import SlicePublisher
 from agent.dra.service import DraService
 from agent.kubeapi.port import ResourceApi
 from agent.kubeapi.rest import RestKubeApi
-from agent.runtime import checks
 from agent.runtime.claims import claim_leases, claim_uid_of
 from agent.runtime.dra import ClaimDriver
 from agent.runtime.dracontainer import DriverPaths, SharedMemory
@@ -81,7 +81,7 @@ def check_settings(settings: Settings) -> None:
     d = settings.dra
     if not settings.runtime.node_name:
         raise ConfigError("dra.enabled", "needs runtime.node_name (the node's name)")
-    checks.setting_bytes("dra.default_memory", d.default_memory)
+    setting_bytes("dra.default_memory", d.default_memory)
     if d.clients_per_device > settings.admission.max_clients:
         raise ConfigError(
             "dra.clients_per_device",

@@ -36,13 +36,11 @@ from agent.mps.stale import (
     plan,
 )
 from agent.runtime.attribution import ProcessAttributor
+from agent.runtime.availability import FAULT_EVENTS, GONE_DETAIL, LOST_DETAIL
 from agent.runtime.events import EventLog
 from agent.runtime.node import NodeService
 
 log = logging.getLogger(__name__)
-GONE_DETAIL = "the device is gone from the node"
-LOST_DETAIL = "NVML reports the GPU lost"  # its GPU-lost event, or XID 79
-FAULT_EVENTS = ("mps.server_fatal", "gpu.xid", "gpu.ecc_double_bit", "gpu.fatal_poison")
 
 
 def lost(event: Event) -> bool:

@@ -22,23 +22,26 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.config.settings import EstimatorSettings
 from agent.core.errors import ConfigError, ConflictError, ValidationError
-from agent.core.types import RetrainAnswer
+from agent.core.types import Device, RetrainAnswer
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record, family_of, parse_lines
+from agent.gpu.sampler import Sampler
 from agent.runtime.events import EventLog
 from agent.runtime.gate import ProfileGate
 from agent.runtime.learned import HISTORY_KEPT, install, read_history, write_history
+from agent.runtime.ledger import Ledger
 from agent.runtime.progress import ProgressTracker
 from agent.runtime.runrecords import RunRecorder
+from agent.runtime.tasks import Supervisor
 from agent.state.port import RunRecordRow, StateStore
 
 if TYPE_CHECKING:
     from agent.estimator.learning import Retrained
-    from agent.runtime.app import App
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -288,41 +291,50 @@ class NodeLearning:
     learner: Learner
 
 
-async def start_learning(app: App) -> NodeLearning:
+async def start_learning(
+    settings: EstimatorSettings,
+    *,
+    state_dir: str,
+    store: StateStore,
+    gate: ProfileGate,
+    events: EventLog,
+    ledger: Ledger,
+    devices: Sequence[Device],
+    sampler: Sampler,
+    supervisor: Supervisor,
+    clock: Callable[[], float],
+    monotonic: Callable[[], float],
+    learned: Path | None,
+) -> NodeLearning:
     """Run records from progress reports, and the retrains that learn from them (once the
     ledger is loaded; before the API serves). ConfigError: a bad ``estimator.base_data``."""
-    assert app.node is not None and app.sampler is not None
-    e, state_dir = app.settings.estimator, app.settings.paths.state_dir
+    e = settings
     tracker = ProgressTracker(
-        clock=app.monotonic, min_span_s=e.progress_window_s, workload_of=app.gate.lease_workload
+        clock=monotonic, min_span_s=e.progress_window_s, workload_of=gate.lease_workload
     )
-    recorder = RunRecorder(
-        tracker, store=app.store, devices=app.devices, ledger=app.node.ledger, clock=app.clock
-    )
+    recorder = RunRecorder(tracker, store=store, devices=devices, ledger=ledger, clock=clock)
     learner = Learner(
-        store=app.store,
-        gate=app.gate,
-        events=app.events,
+        store=store,
+        gate=gate,
+        events=events,
         settings=e,
         state_dir=state_dir,
-        clock=app.clock,
+        clock=clock,
         written=recorder.flush,
     )
     await learner.start()
     recorder.start()
-    app.events.on_publish.append(recorder.on_published)
-    app.sampler.listeners.append(recorder.on_window)
+    events.on_publish.append(recorder.on_published)
+    sampler.listeners.append(recorder.on_window)
     # not core: a store failure writing run records must not stop the agent's admissions
-    app.supervisor.spawn("run-records-writer", recorder.writer(), core=False)
+    supervisor.spawn("run-records-writer", recorder.writer(), core=False)
     if e.retrain_interval_s > 0:
-        app.supervisor.spawn(
-            "estimator-retrain", learner.periodic(e.retrain_interval_s), core=False
-        )
+        supervisor.spawn("estimator-retrain", learner.periodic(e.retrain_interval_s), core=False)
     every = f"every {e.retrain_interval_s:g} s" if e.retrain_interval_s > 0 else "on demand"
     log.info(
         "estimator: run records from progress reports (windows of %g s or more); retrains %s%s",
         e.progress_window_s,
         every,
-        f"; the model in use was learned on this node: {app.learned}" if app.learned else "",
+        f"; the model in use was learned on this node: {learned}" if learned else "",
     )
     return NodeLearning(recorder, learner)

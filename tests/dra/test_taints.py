@@ -26,8 +26,8 @@ from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.kubeapi.rest import RestKubeApi
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import Ports
+from agent.runtime.availability import GONE_DETAIL
 from agent.runtime.drainventory import device_health, inventory, taints
-from agent.runtime.janitor import GONE_DETAIL
 from tests.helpers import running_app, sim_settings
 from tests.kube.apiserver import FakeApiServer
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from agent.config import Settings
 from agent.core.errors import GpushareError
 from agent.mps import shmstate as shm
+from agent.mps.control import FAKE_CONTROL_BINARY, REAL_CONTROL_BINARY
 from agent.mps.daemon import lock_holder
 from agent.mps.shm import mount_of, read_mountinfo
 from agent.mps.version import MAX_BINARY_BYTES, embedded_release
-from agent.runtime.checks import FAKE_CONTROL_BINARY, REAL_CONTROL_BINARY
 from agent.runtime.preflight.certificates import CertificateError, pem_validity
 from agent.runtime.preflight.facts import (
     BinaryFacts,

@@ -28,8 +28,8 @@ from agent.mps.control import SubprocessMpsControl
 from agent.mps.daemon import lock_holder
 from agent.mps.host import MpsHost
 from agent.mps.manager import SupervisedMpsManager
+from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.port import ControlChannel
-from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from tests.helpers import short_dir
 from tests.integration.mps import harness
 from tests.integration.mps.harness import (

@@ -7,8 +7,9 @@ import pytest
 
 from agent.admission.policy import DeviceView
 from agent.core.types import Device, Event, ReasonCode
+from agent.runtime.availability import GONE_DETAIL, LOST_DETAIL
 from agent.runtime.drainventory import gone_why
-from agent.runtime.janitor import GONE_DETAIL, LOST_DETAIL, lost
+from agent.runtime.janitor import lost
 
 H100 = Device("GPU-1", 0, "H100", 80 * 2**30)
 
