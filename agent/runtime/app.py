@@ -17,28 +17,30 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from agent.aio.tasks import Supervisor
 from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.dra_metrics import DraCollector
 from agent.api.http import HttpServer, build_http_app
 from agent.api.server import GrpcServer
+from agent.claims import start as drastart
+from agent.claims.binding import BindingDecisions
 from agent.config import Settings, filewatch
+from agent.control.loops import ControlLoops, build_control
 from agent.core.types import Device, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks, drastart, effective, kubelet, listeners, signals, snapshot
-from agent.runtime.control import ControlLoops, build_control
-from agent.runtime.drabinding import BindingDecisions
-from agent.runtime.events import EventLog
+from agent.learning.learned import adopt_learned
+from agent.learning.learner import NodeLearning, start_learning
+from agent.legacy.deviceplugin import start as kubelet
+from agent.node.events import EventLog
+from agent.node.service import NodeService
+from agent.runtime import checks, effective, listeners, signals, snapshot
 from agent.runtime.facade import NodeFacade
-from agent.runtime.learned import adopt_learned
-from agent.runtime.learner import NodeLearning, start_learning
 from agent.runtime.lock import InstanceLock
 from agent.runtime.memory import tune_gc
-from agent.runtime.node import NodeService
 from agent.runtime.notify import notify
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, leases_ended, reap_children
-from agent.runtime.tasks import Supervisor
 from agent.runtime.wiring import (
     Ports,
     admission_rules,

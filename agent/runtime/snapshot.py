@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from agent.control.loops import ControlLoops
+from agent.control.readiness import ineffective_ratio
 from agent.core.types import (
     AdmissionStats,
     Device,
@@ -15,11 +17,9 @@ from agent.core.types import (
 )
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime.control import ControlLoops
-from agent.runtime.events import EventLog
-from agent.runtime.learner import NodeLearning
-from agent.runtime.node import NodeService
-from agent.runtime.readiness import ineffective_ratio
+from agent.learning.learner import NodeLearning
+from agent.node.events import EventLog
+from agent.node.service import NodeService
 
 
 @dataclass(frozen=True, slots=True)

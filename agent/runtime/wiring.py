@@ -23,16 +23,16 @@ from agent.core.types import Device
 from agent.gpu.exporter import ExporterTelemetry
 from agent.gpu.fake import FakeTelemetrySource
 from agent.gpu.port import GpuBackend, TelemetrySource
+from agent.learning.gate import ProfileGate
+from agent.learning.profiler import Profiler
 from agent.mps.control import SubprocessMpsControl
 from agent.mps.manager import SupervisedMpsManager
 from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.port import ControlChannel, MpsManager
 from agent.mps.shmstate import ShmOptions
+from agent.node.events import EventLog
+from agent.node.service import NodeService, ReadinessPredictor
 from agent.runtime import checks
-from agent.runtime.events import EventLog
-from agent.runtime.gate import ProfileGate
-from agent.runtime.node import NodeService, ReadinessPredictor
-from agent.runtime.profiler import Profiler
 from agent.sim.contention import Load, device_counters
 from agent.sim.processes import SimGpuBackend
 from agent.state.port import StateStore

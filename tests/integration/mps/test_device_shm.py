@@ -364,8 +364,8 @@ async def test_a_daemon_started_shared_is_reported_with_why(root: Path) -> None:
 
 async def test_the_doctor_finds_each_daemons_tmpfs_and_a_legacy_one(root: Path) -> None:
     from agent.config.loading import load_settings
-    from agent.runtime.preflight import check_shm
-    from agent.runtime.preflight.gather import shm_facts
+    from agent.doctor import check_shm
+    from agent.doctor.gather import shm_facts
 
     settings = load_settings(
         overrides={
