@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import REPO
 
 PROTO_MODULES = ("agent_pb2.py", "agent_pb2.pyi", "agent_pb2_grpc.py")
+PROTO_SUFFIXES = ("_pb2.py", "_pb2_grpc.py")
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,13 +67,48 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert commands[1] in ci, ".ci/run must call the README's test command as written"
 
 
-def test_no_module_is_too_long() -> None:
-    too_long = {
-        str(path.relative_to(REPO)): n
-        for path in (REPO / "agent").rglob("*.py")
-        if "proto" not in path.parts and (n := len(path.read_text().splitlines())) > 400
+WARN_LINES = 400  # a module this long is reported: is it one concern still?
+MAX_LINES = 600  # a module of the agent this long fails the suite
+
+
+def line_counts(top: str) -> dict[str, int]:
+    """Lines of each Python file under ``top``, generated protos aside."""
+    return {
+        str(path.relative_to(REPO)): len(path.read_text().splitlines())
+        for path in (REPO / top).rglob("*.py")
+        if "proto" not in path.parts and not path.name.endswith(PROTO_SUFFIXES)
     }
-    assert not too_long, f"modules over 400 lines: {too_long}"
+
+
+def report(title: str, counts: dict[str, int], capsys: pytest.CaptureFixture[str]) -> None:
+    """Say it on the terminal even while pytest captures output: a warning, not a failure."""
+    if counts:
+        with capsys.disabled():
+            listed = "\n".join(f"  {n:5d} {path}" for path, n in sorted(counts.items()))
+            print(f"\n{title}:\n{listed}")
+
+
+def test_no_module_is_too_long(capsys: pytest.CaptureFixture[str]) -> None:
+    """A module of the agent over 600 lines fails; over 400 it is listed (a warning): the
+    cut follows the concern and the import contracts, not a line count.
+
+    Test and benchmark files over 600 lines are listed, not failed, for now: the Kubernetes
+    stand-ins (the API server's alone is 2,600 lines) are split by API group in the step
+    that makes them one test world; then they fail here like the agent's modules."""
+    counts = line_counts("agent")
+    report(
+        f"agent modules over {WARN_LINES} lines",
+        {p: n for p, n in counts.items() if WARN_LINES < n <= MAX_LINES},
+        capsys,
+    )
+    others = {**line_counts("tests"), **line_counts("bench")}
+    report(
+        f"test and benchmark files over {MAX_LINES} lines (to split)",
+        {p: n for p, n in others.items() if n > MAX_LINES},
+        capsys,
+    )
+    too_long = {p: n for p, n in counts.items() if n > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
 
 
 def test_configuration_reference_is_up_to_date() -> None:

@@ -1,7 +1,7 @@
 """``gpushare doctor``: check a node's prerequisites and say what to fix.
 
 This module gathers the facts (files, NVML, the Kubernetes API, the agent's socket); what
-they mean is decided by the pure checks of :mod:`agent.runtime.preflight`.
+they mean is decided by the pure checks of :mod:`agent.doctor`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import click
 import yaml
 from click.core import ParameterSource
 
+from agent import doctor as preflight
 from agent.cli import exits
 from agent.cli.client import AgentRefused, AgentUnreachable, Endpoint, get_node
 from agent.cli.common import (
@@ -36,14 +37,14 @@ from agent.cli.common import assignments as parse_assignments
 from agent.config import Settings, load_settings
 from agent.config.loading import simulation_paths
 from agent.core.errors import ConfigError, GpushareError
-from agent.dra import toolkit
-from agent.runtime import effective, preflight
-from agent.runtime.preflight import (
+from agent.doctor import (
     AgentFacts,
     Finding,
     KubeFacts,
     gather,
 )
+from agent.dra import toolkit
+from agent.runtime import effective
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 

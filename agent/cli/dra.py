@@ -145,9 +145,9 @@ def dra_controller(**options: Any) -> None:
     Exits 2 on a bad option or when neither --api-server nor an in-cluster service account
     is there, 1 when it fails at run time.
     """
+    from agent.cli.logs import setup_logging
     from agent.dracontrol.agents import AgentsOptions
     from agent.dracontrol.service import ControllerOptions
-    from agent.runtime.logs import setup_logging
 
     setup_logging(level=options["log_level"], fmt="text")
     check_together(options, agent_auth=True)

@@ -142,9 +142,9 @@ def kube_serve(**options: Any) -> None:
     Exits 2 on a bad option or when neither --api-server nor an in-cluster service
     account is there, 1 when a part fails at run time.
     """
+    from agent.cli.logs import setup_logging
     from agent.kube.binder import BindOptions
     from agent.kube.service import ClusterOptions
-    from agent.runtime.logs import setup_logging
 
     setup_logging(level=options["log_level"], fmt="text")
     _check_pairs(options)

@@ -163,9 +163,9 @@ def serve(
 
 
 def _run_agent(settings: Settings) -> int:
+    from agent.cli.logs import setup_logging
     from agent.runtime import checks
     from agent.runtime.app import App
-    from agent.runtime.logs import setup_logging
 
     try:
         app = App(settings, tune_memory=True)

@@ -31,7 +31,7 @@ def mps_host(ctx: click.Context, sim: str | None, assignments: tuple[str, ...]) 
     configuration (same mps.root_dir), as its own DaemonSet (updateStrategy: OnDelete)
     or systemd unit. Exits 3 if another host keeps the same MPS root.
     """
-    from agent.runtime.logs import setup_logging
+    from agent.cli.logs import setup_logging
     from agent.runtime.mpshost import run_host
 
     flags = parse_assignments(assignments, sim)

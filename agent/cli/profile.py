@@ -55,8 +55,8 @@ def profile(
     """Run each workload alone, then every pair under MPS at the given thread percentages,
     sampling the device's counters and reading each workload's throughput from its output.
     Run it where no agent manages the GPU (it starts its own MPS control daemon)."""
-    from agent.runtime.events import EventLog
-    from agent.runtime.profiler import WorkloadSpec, load_spec
+    from agent.learning.profiler import WorkloadSpec, load_spec
+    from agent.node.events import EventLog
     from agent.runtime.wiring import start_profiler
 
     settings = resolve_settings(ctx.find_root(), {"sim.enabled": True} if sim else {})

@@ -109,7 +109,7 @@ class Lease:
     attributes: Mapping[str, float | str] = field(default_factory=dict)
     ready_at: float | None = None  # when a client of it first appeared on its device
     # Compare-and-set: every change of a lease makes a new version; a change computed from
-    # an older version is refused (see agent.runtime.ledger).
+    # an older version is refused (see agent.node.ledger).
     version: int = 1
     owner: str = ""  # the caller identity that made it; "" for leases made before owners
     workload: str = ""  # the workload its processes must belong to (see AdmissionRequest)

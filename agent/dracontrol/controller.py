@@ -8,7 +8,7 @@ agent's reason) into the claim's ``status.devices``. The agent keeps the decisio
 retention gate, trust domain, client cap, priorities) and the lease it admits; asked again
 about the same claim it answers the same (its request ids are the claim's UID and share).
 
-An answer not written is owed (:class:`agent.runtime.owed.Owed`, one task per claim): tried
+An answer not written is owed (:class:`agent.aio.owed.Owed`, one task per claim): tried
 again with a backoff doubling from ``backoff_s`` to ``backoff_max_s``, the claim read again
 before each retry, until it is written (or found written: a write that landed with its
 reply lost is not written twice), or the claim is gone (deleted, replaced by another of its
@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.aio.owed import Debt, Outcome, Owed, doubling
 from agent.dra.claims import REFUSED, Share, metadata, with_device_status
 from agent.dracontrol.answers import (
     DRIVER,
@@ -56,7 +57,6 @@ from agent.dracontrol.health import Progress
 from agent.dracontrol.port import ClaimsApi, Decider, ShareAnswerValue, Unreached
 from agent.dracontrol.slots import NodeSlots
 from agent.kubeapi.port import Conflict, Gone, KubeError, NotFound, Obj
-from agent.runtime.owed import Debt, Outcome, Owed, doubling
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,9 @@ from agent.core.errors import MpsControlError, MpsDaemonDownError
 from agent.mps import commands as cmd
 from agent.mps.port import ControlChannel
 
+REAL_CONTROL_BINARY = "nvidia-cuda-mps-control"
+FAKE_CONTROL_BINARY = "gpushare-fake-mps-control"
+
 log = logging.getLogger(__name__)
 
 DAEMON_ABSENT = "Cannot find MPS control daemon process"

@@ -181,7 +181,7 @@ def _background(logs: Path, *, multi_user: bool) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "control.log", "a") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "agent.mps.fakebin", "-f", *(["-M"] if multi_user else [])],
+            [sys.executable, "-m", "agent.mps.fakectl", "-f", *(["-M"] if multi_user else [])],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -192,13 +192,3 @@ def _background(logs: Path, *, multi_user: bool) -> int:
     while time.monotonic() < deadline and not (pipe / "control").exists():
         time.sleep(0.02)
     return 0
-
-
-def main() -> None:
-    from agent.mps.fakectl import main as dispatch
-
-    dispatch()
-
-
-if __name__ == "__main__":
-    main()

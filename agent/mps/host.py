@@ -25,9 +25,9 @@ from agent.mps import daemon as proc
 from agent.mps import shm
 from agent.mps.control import MpsControlClient, SubprocessMpsControl
 from agent.mps.limits import DaemonPaths, daemon_environment
+from agent.mps.options import SupervisorOptions
 from agent.mps.pipes import PipeWatch, resolve_access
 from agent.mps.shmstate import OFF, Isolation
-from agent.mps.supervisor import SupervisorOptions
 
 log = logging.getLogger(__name__)
 HEALTHY_S = 30.0  # a daemon that ran this long restarts without added backoff

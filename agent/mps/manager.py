@@ -22,14 +22,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from agent.core.errors import GpuError, MpsError
 from agent.core.types import Device, MpsDaemonState, SharingMode
 from agent.mps import shm
+from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.port import EventSink
 from agent.mps.shmstate import Isolation
 from agent.mps.supervisor import (
     ChannelFactory,
-    DaemonDefaults,
     DaemonSupervisor,
     ExclusiveModeFn,
-    SupervisorOptions,
 )
 from agent.mps.version import check_release
 

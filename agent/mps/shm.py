@@ -44,15 +44,12 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from agent.mps import daemon as proc
 from agent.mps import shmexec
 from agent.mps.limits import DaemonPaths
+from agent.mps.options import SupervisorOptions
 from agent.mps.shmstate import DOMAINS, OFF, ROOT_MODE, Isolation, ShmOptions, record_path
-
-if TYPE_CHECKING:
-    from agent.mps.supervisor import SupervisorOptions
 
 log = logging.getLogger(__name__)
 

@@ -11,23 +11,49 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, Protocol
 
 from agent.core.errors import MpsControlError, MpsError
+from agent.core.types import Device
 from agent.mps import daemon as proc
 from agent.mps import shm
 from agent.mps import shmstate as st
+from agent.mps.control import MpsControlClient
+from agent.mps.limits import DaemonPaths
+from agent.mps.options import SupervisorOptions
 from agent.mps.shmstate import Isolation, ShmState
-
-if TYPE_CHECKING:
-    from agent.mps.supervisor import DaemonSupervisor
 
 log = logging.getLogger(__name__)
 
 
+class Keeper(Protocol):
+    """What the device's memory reads of the daemon's keeper
+    (:class:`agent.mps.supervisor.DaemonSupervisor`)."""
+
+    device: Device
+    options: SupervisorOptions
+    paths: DaemonPaths
+    client: MpsControlClient
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+    @property
+    def up(self) -> bool: ...
+
+    @property
+    def process(self) -> proc.DaemonProcess | None: ...
+
+    def emit(self, kind: str, message: str, **attrs: str) -> None: ...
+
+    async def apply_defaults(self) -> None: ...
+
+    async def refresh_servers(self) -> None: ...
+
+
 class DeviceMemory:
-    def __init__(self, supervisor: DaemonSupervisor, isolation: Isolation) -> None:
+    def __init__(self, supervisor: Keeper, isolation: Isolation) -> None:
         self._s = supervisor
         self.isolation = isolation  # whether the daemons this process starts get their own
         self.state = ShmState("off", reason=st.NO_ROOT)

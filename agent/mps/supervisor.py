@@ -18,7 +18,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 
 from agent.core.errors import MpsControlError, MpsError
 from agent.core.types import Device, MpsDaemonState, MpsServerState
@@ -27,37 +26,15 @@ from agent.mps.control import MpsControlClient
 from agent.mps.limits import DAEMON_DEVICE_ORDINAL, DaemonPaths, daemon_environment
 from agent.mps.logfollow import LogFollower
 from agent.mps.logs import classify, parse_line
+from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.pipes import PipePermissionError, PipeWatch, resolve_access
 from agent.mps.port import ControlChannel, EventSink
 from agent.mps.shmclaim import DeviceMemory
-from agent.mps.shmstate import NO_SHM, OFF, Isolation, ShmOptions
+from agent.mps.shmstate import OFF, Isolation
 
 log = logging.getLogger(__name__)
 
 HEALTHY_RESET_S = 30.0  # a daemon answering this long resets the restart backoff
-
-
-@dataclass(frozen=True, slots=True)
-class SupervisorOptions:
-    binary: str
-    root_dir: str
-    probe_interval_s: float = 2.0
-    hung_after_probes: int = 2
-    start_timeout_s: float = 10.0
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-    quit_timeout_s: int = 5
-    client_gid: int = -1
-    client_group: str = ""
-    multi_user: bool = False
-    by_host: bool = False  # mps.launch 'host': adopt only, never start or stop a daemon
-    shm: ShmOptions = NO_SHM  # mps.shm_root, mps.shm_size
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonDefaults:
-    thread_pct: float
-    memory_limit_bytes: int | None = None
 
 
 ChannelFactory = Callable[[Device, Mapping[str, str]], ControlChannel]

@@ -17,32 +17,35 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from agent.aio.tasks import Supervisor
 from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.dra_metrics import DraCollector
 from agent.api.http import HttpServer, build_http_app
 from agent.api.server import GrpcServer
+from agent.claims import start as drastart
+from agent.claims.binding import BindingDecisions
 from agent.config import Settings, filewatch
+from agent.control.loops import ControlLoops, build_control
 from agent.core.types import Device, NodeSnapshot
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
-from agent.runtime import checks, drastart, effective, kubelet, listeners, signals, snapshot
-from agent.runtime.control import ControlLoops, build_control, connect_sim_counters
-from agent.runtime.drabinding import BindingDecisions
-from agent.runtime.events import EventLog
+from agent.learning.learned import adopt_learned
+from agent.learning.learner import NodeLearning, start_learning
+from agent.legacy.deviceplugin import start as kubelet
+from agent.node.events import EventLog
+from agent.node.service import NodeService
+from agent.runtime import checks, effective, listeners, signals, snapshot
 from agent.runtime.facade import NodeFacade
-from agent.runtime.learned import adopt_learned
-from agent.runtime.learner import NodeLearning, start_learning
 from agent.runtime.lock import InstanceLock
 from agent.runtime.memory import tune_gc
-from agent.runtime.node import NodeService
 from agent.runtime.notify import notify
 from agent.runtime.reaper import become_subreaper, orphan_reaper
 from agent.runtime.shutdown import ShutdownPlan, leases_ended, reap_children
-from agent.runtime.tasks import Supervisor
 from agent.runtime.wiring import (
     Ports,
     admission_rules,
     build_ports,
+    connect_sim_counters,
     readiness_predictor,
     retention_gate,
     select_telemetry,
@@ -91,6 +94,15 @@ class App:
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
         self.supervisor = Supervisor()
+        self._fixed = snapshot.Fixed(
+            settings.runtime.node_name,
+            self.ports.simulated,
+            clock,
+            self.events,
+            self.ports.mps.states,
+            self.stale,
+            self.estimates,
+        )
         self.lock = InstanceLock(
             settings.unix_socket_path,
             state_dir=settings.paths.state_dir,
@@ -105,7 +117,7 @@ class App:
                 self.snapshot,
                 self._telemetry_stats,
                 clock=clock,
-                lease_memory=lambda: snapshot.lease_memory_used(self),
+                lease_memory=lambda: snapshot.lease_memory_used(self.control),
             )
         )
         self.http = None
@@ -290,7 +302,8 @@ class App:
         self.control = build_control(
             self.settings,
             self.node,
-            ports=self.ports,
+            gpu=self.ports.gpu,
+            mps=self.ports.mps,
             events=self.events,
             gate=self.gate,
             sampler=self.sampler,
@@ -300,7 +313,20 @@ class App:
             self.control.janitor.attributor.bound_now = self.dra.driver.bound_now
         self.control.spawn(self.supervisor)
         connect_sim_counters(self.telemetry, self.node, self.gate)
-        self.learning = await start_learning(self)
+        self.learning = await start_learning(
+            self.settings.estimator,
+            state_dir=self.settings.paths.state_dir,
+            store=self.store,
+            gate=self.gate,
+            events=self.events,
+            ledger=self.node.ledger,
+            devices=self.devices,
+            sampler=self.sampler,
+            supervisor=self.supervisor,
+            clock=self.clock,
+            monotonic=self.monotonic,
+            learned=self.learned,
+        )
 
     def _gpu_event(
         self, kind: str, message: str, device_uuid: str | None, attrs: Mapping[str, str]
@@ -352,7 +378,26 @@ class App:
     # -- views -----------------------------------------------------------------------------
 
     def snapshot(self, *, ledger_only: bool = False) -> NodeSnapshot:
-        return snapshot.take(self, ledger_only=ledger_only)
+        live = snapshot.Live(
+            self.devices,
+            self.node,
+            self.control,
+            self.learning,
+            self.sampler,
+            self.telemetry,
+            self._injector(),
+        )
+        return snapshot.take(self._fixed, live, ledger_only=ledger_only)
+
+    def _injector(self) -> str:
+        """How leases reach the node's containers: the device plugin (or NRI), or the DRA
+        driver's CDI specs (saying so while the kubelet has not accepted its registration)."""
+        if self.device_plugin is not None:
+            return self.device_plugin.injector
+        if self.dra is not None:
+            registered = self.dra.server.registration.registered
+            return "dra" if registered else "dra (not registered with the kubelet)"
+        return ""
 
     def estimates(self) -> dict[str, float]:
         views = self.node.views() if self.node is not None else []

@@ -12,15 +12,14 @@ import sys
 from pathlib import Path
 
 from agent.config import Settings
+from agent.config.fields import setting_bytes
 from agent.core.errors import ConfigError, GpushareError
-from agent.core.units import parse_bytes
+from agent.mps.control import FAKE_CONTROL_BINARY, REAL_CONTROL_BINARY
 from agent.sim.node import SimNodeSpec, parse_sim_node
 
 log = logging.getLogger(__name__)
 
 MAX_UNIX_SOCKET_PATH = 107
-REAL_CONTROL_BINARY = "nvidia-cuda-mps-control"
-FAKE_CONTROL_BINARY = "gpushare-fake-mps-control"
 
 
 def split_listen(key: str, listen: str) -> tuple[str, int]:
@@ -105,14 +104,6 @@ def is_loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def setting_bytes(key: str, text: str) -> int:
-    """A size setting (``10GiB``) in bytes; a ConfigError names ``key``."""
-    try:
-        return parse_bytes(text)
-    except GpushareError as exc:
-        raise ConfigError(key, str(exc)) from exc
 
 
 def memory_limit_bytes(settings: Settings) -> int | None:

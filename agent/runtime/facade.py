@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from agent.control.janitor import Janitor
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease
 from agent.core.types import (
@@ -15,9 +16,8 @@ from agent.core.types import (
     ProgressAnswer,
     RetrainAnswer,
 )
-from agent.runtime.janitor import Janitor
-from agent.runtime.learner import NodeLearning
-from agent.runtime.node import NodeService
+from agent.learning.learner import NodeLearning
+from agent.node.service import NodeService
 
 
 class NodeFacade:

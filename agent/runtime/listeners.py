@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from agent.aio.tasks import Supervisor
 from agent.api.auth import ReloadableTls, TlsFiles, TokenHolder
 from agent.api.grpc_server import AgentService
 from agent.api.identity import Identify, TcpIdentify, local, observers_of
@@ -14,7 +15,6 @@ from agent.api.server import GrpcServer
 from agent.config import filewatch
 from agent.config.filewatch import Stamp
 from agent.config.settings import ApiSettings
-from agent.runtime.tasks import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -2,30 +2,56 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
-from agent.core.types import AdmissionStats, DeviceLedger, GoneDevice, NodeSnapshot
-from agent.runtime.readiness import ineffective_ratio
+from agent.control.loops import ControlLoops
+from agent.control.readiness import ineffective_ratio
+from agent.core.types import (
+    AdmissionStats,
+    Device,
+    DeviceLedger,
+    GoneDevice,
+    MpsDaemonState,
+    NodeSnapshot,
+)
+from agent.gpu.port import TelemetrySource
+from agent.gpu.sampler import Sampler
+from agent.learning.learner import NodeLearning
+from agent.node.events import EventLog
+from agent.node.service import NodeService
 
-if TYPE_CHECKING:
-    from agent.runtime.app import App
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """What the App knows of the node from its construction on."""
+
+    node_name: str
+    simulated: bool
+    clock: Callable[[], float]
+    events: EventLog
+    mps_states: Callable[[], Iterable[MpsDaemonState]]
+    stale: Callable[[], list[str]]
+    estimates: Callable[[], dict[str, float]]
 
 
-def injector_of(app: App) -> str:
-    """How leases reach the node's containers: the device plugin (or NRI), or the DRA
-    driver's CDI specs (saying so while the kubelet has not accepted its registration)."""
-    if app.device_plugin is not None:
-        return app.device_plugin.injector
-    if app.dra is not None:
-        registered = app.dra.server.registration.registered
-        return "dra" if registered else "dra (not registered with the kubelet)"
-    return ""
+@dataclass(frozen=True, slots=True)
+class Live:
+    """The parts the App starts (None until they are)."""
+
+    devices: Sequence[Device]
+    node: NodeService | None
+    control: ControlLoops | None
+    learning: NodeLearning | None
+    sampler: Sampler | None
+    telemetry: TelemetrySource | None
+    injector: str
 
 
-def take(app: App, *, ledger_only: bool = False) -> NodeSnapshot:
+def take(fixed: Fixed, live: Live, *, ledger_only: bool = False) -> NodeSnapshot:
     """The whole node, or (``ledger_only``) only what admission decides by: the devices,
     leases, ledger and gone devices (GetNodeRequest.ledger_only)."""
-    sampler, node, control = app.sampler, app.node, app.control
+    sampler, node, control = live.sampler, live.node, live.control
     leases = tuple(node.leases.values()) if node else ()
     ledger: tuple[DeviceLedger, ...] = ()
     gone: tuple[GoneDevice, ...] = ()
@@ -34,52 +60,51 @@ def take(app: App, *, ledger_only: bool = False) -> NodeSnapshot:
         ledger, gone = node.device_ledgers(), node.gone_devices()
     if ledger_only:
         return NodeSnapshot(
-            node_name=app.settings.runtime.node_name,
-            simulated=app.ports.simulated,
-            taken_at=app.clock(),
-            devices=tuple(app.devices),
+            node_name=fixed.node_name,
+            simulated=fixed.simulated,
+            taken_at=fixed.clock(),
+            devices=tuple(live.devices),
             leases=leases,
             ledger=ledger,
             gone_devices=gone,
-            last_event_seq=app.events.last_seq,
-            injector=injector_of(app),
+            last_event_seq=fixed.events.last_seq,
+            injector=live.injector,
         )
     if node is not None:
         stranded = node.stranded()
         stranded_bytes, stranded_pct = stranded.memory_bytes, stranded.thread_pct
     return NodeSnapshot(
-        node_name=app.settings.runtime.node_name,
-        simulated=app.ports.simulated,
-        taken_at=app.clock(),
-        devices=tuple(app.devices),
-        mps=tuple(app.ports.mps.states()),
+        node_name=fixed.node_name,
+        simulated=fixed.simulated,
+        taken_at=fixed.clock(),
+        devices=tuple(live.devices),
+        mps=tuple(fixed.mps_states()),
         latest_samples=tuple(sampler.latest() if sampler else ()),
         latest_windows=tuple(sampler.latest_windows() if sampler else ()),
-        telemetry_source=app.telemetry.name if app.telemetry else "",
-        stale_devices=tuple(app.stale()),
+        telemetry_source=live.telemetry.name if live.telemetry else "",
+        stale_devices=tuple(fixed.stale()),
         leases=leases,
         ledger=ledger,
         gone_devices=gone,
         stranded_memory_bytes=stranded_bytes,
         stranded_thread_pct=stranded_pct,
-        last_event_seq=app.events.last_seq,
+        last_event_seq=fixed.events.last_seq,
         admission=node.admission_stats() if node else AdmissionStats(),
-        retention_estimates=app.estimates(),
-        ineffective_ratio=ineffective_ratio(leases, app.devices),
-        injector=injector_of(app),
+        retention_estimates=fixed.estimates(),
+        ineffective_ratio=ineffective_ratio(leases, live.devices),
+        injector=live.injector,
         control_actions=dict(control.actions) if control else {},
         degraded_devices=tuple(control.degradation.degraded()) if control else (),
         lease_identity_mismatches_total=(
             control.janitor.attributor.mismatches_total if control else 0
         ),
         estimator_node_records_total=(
-            app.learning.recorder.records_total if app.learning is not None else 0
+            live.learning.recorder.records_total if live.learning is not None else 0
         ),
     )
 
 
-def lease_memory_used(app: App) -> dict[str, int]:
+def lease_memory_used(control: ControlLoops | None) -> dict[str, int]:
     """NVML's used memory of each lease's processes, summed, as of the janitor's last pass
     (a lease with no process attributed, or none whose memory NVML reports, is not in it)."""
-    control = app.control
     return dict(control.janitor.memory_used_bytes) if control else {}

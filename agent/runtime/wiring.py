@@ -16,22 +16,23 @@ from typing import Any
 from agent.admission.capacity import StandardSize
 from agent.admission.policy import Placement, Rules
 from agent.config import Settings
+from agent.config.fields import setting_bytes
 from agent.core.errors import ConfigError, GpushareError, ValidationError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Device
 from agent.gpu.exporter import ExporterTelemetry
 from agent.gpu.fake import FakeTelemetrySource
 from agent.gpu.port import GpuBackend, TelemetrySource
+from agent.learning.gate import ProfileGate
+from agent.learning.profiler import Profiler
 from agent.mps.control import SubprocessMpsControl
 from agent.mps.manager import SupervisedMpsManager
+from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.port import ControlChannel, MpsManager
 from agent.mps.shmstate import ShmOptions
-from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
+from agent.node.events import EventLog
+from agent.node.service import NodeService, ReadinessPredictor
 from agent.runtime import checks
-from agent.runtime.events import EventLog
-from agent.runtime.gate import ProfileGate
-from agent.runtime.node import ReadinessPredictor
-from agent.runtime.profiler import Profiler
 from agent.sim.contention import Load, device_counters
 from agent.sim.processes import SimGpuBackend
 from agent.state.port import StateStore
@@ -166,10 +167,8 @@ def build_mps_manager(settings: Settings, gpu: GpuBackend, events: EventLog) -> 
 def admission_rules(settings: Settings) -> Rules:
     a = settings.admission
     return Rules(
-        reserve_bytes=checks.setting_bytes("admission.memory_reserve", a.memory_reserve),
-        context_overhead_bytes=checks.setting_bytes(
-            "admission.context_overhead", a.context_overhead
-        ),
+        reserve_bytes=setting_bytes("admission.memory_reserve", a.memory_reserve),
+        context_overhead_bytes=setting_bytes("admission.context_overhead", a.context_overhead),
         thread_budget_pct=a.thread_budget_pct,
         guaranteed_budget_pct=a.guaranteed_budget_pct,
         max_clients=a.max_clients,
@@ -185,7 +184,7 @@ def standard_sizes(settings: Settings) -> list[StandardSize]:
     for item in settings.admission.standard_sizes.split(","):
         memory, sep, threads = item.strip().partition("/")
         try:
-            sizes.append(StandardSize(checks.setting_bytes(key, memory), float(threads)))
+            sizes.append(StandardSize(setting_bytes(key, memory), float(threads)))
         except ValueError:
             raise ConfigError(
                 key, f"each size is MEMORY/THREADS, e.g. 10GiB/12.5 ({item!r})"
@@ -288,3 +287,13 @@ async def select_telemetry(
         )
         return source
     raise GpushareError("no telemetry source is configured")
+
+
+def connect_sim_counters(
+    telemetry: TelemetrySource | None, node: NodeService, gate: ProfileGate
+) -> None:
+    """On the simulated node, device counters follow the leases placed there."""
+    counters = getattr(telemetry, "counters", None)
+    if isinstance(counters, SimCounters):
+        counters.signature = gate.lease_counters
+        counters.leases = lambda uuid: [x for x in node.leases.values() if x.device_uuid == uuid]

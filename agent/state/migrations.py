@@ -133,7 +133,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 9: the kubelet device plugin's allocations, in the order they happened: which lease
     # went to which share units (JSON list), a pod lease granted again to its binder, the
-    # pod found holding the units (agent.runtime.podalloc)
+    # pod found holding the units (agent.legacy.deviceplugin.podalloc)
     """
     CREATE TABLE allocations (
         seq INTEGER PRIMARY KEY,

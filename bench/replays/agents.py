@@ -17,8 +17,8 @@ from agent.core.types import (
     SharingMode,
 )
 from agent.core.units import GIB
-from agent.runtime.events import EventLog
-from agent.runtime.node import NodeService
+from agent.node.events import EventLog
+from agent.node.service import NodeService
 from agent.state.sqlite import SqliteStateStore
 
 GPU_MEMORY = 80 * GIB

@@ -556,7 +556,7 @@ def test_a_name_and_namespace_override_render_a_release_whose_references_resolve
 def test_the_agents_pod_sees_the_shm_directory_the_doctor_checks(
     path: str, shm: dict[str, str]
 ) -> None:
-    """The doctor (agent/runtime/preflight/gather.py shm_facts) looks at kubelet.shm_dir
+    """The doctor (agent/doctor/gather.py shm_facts) looks at kubelet.shm_dir
     or dra.shm_dir, and mps.shm_root, from inside the agent's container: each is there, the
     host directory the mps-host pod uses."""
     docs = objects({"path": path, "shm": shm})

@@ -70,7 +70,11 @@ RESOURCE = "resource.k8s.io"
 
 def driver_calls() -> set[tuple[str, str, str, str | None]]:
     methods = [n for n in vars(ResourceApi) if not n.startswith("_") and n != "aclose"]
-    sources = [p.read_text() for d in ("dra", "runtime") for p in (REPO / "agent" / d).glob("*.py")]
+    sources = [
+        p.read_text()
+        for d in ("dra", "claims", "runtime")
+        for p in (REPO / "agent" / d).glob("*.py")
+    ]
     used = {m for m in methods if any(re.search(rf"\.{m}\(", text) for text in sources)}
     calls = rest_calls()
     return {(g, r, v, None) for m in used for g, r, v in calls[m]}

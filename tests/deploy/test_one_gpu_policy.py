@@ -15,7 +15,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from agent.runtime.claims import ClaimError, one_share_per_request
+from agent.claims.shares import ClaimError, one_share_per_request
 from tests.deploy.cel import Outcome, cel, documents, policies
 from tests.deploy.test_chart import DRA_VERSIONS, objects
 from tests.deploy.test_dra_manifests import quiet_example

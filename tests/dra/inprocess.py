@@ -12,8 +12,8 @@ from agent.core.types import AdmissionRequest, Device, PriorityClass
 from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
+from agent.node.service import NodeService
 from agent.runtime.app import Ports
-from agent.runtime.node import NodeService
 from tests.helpers import running_app, sim_settings
 
 

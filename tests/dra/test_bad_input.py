@@ -26,7 +26,7 @@ from agent.dra.proto import (
     registration_pb2,
     registration_pb2_grpc,
 )
-from agent.runtime.events import EventLog
+from agent.node.events import EventLog
 from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
 from tests.dra.test_plugin import RecordingDriver, serving
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from agent.aio import section
+from agent.claims.binding import decide
 from agent.dra.port import ClaimRef
-from agent.runtime import section
 from agent.runtime.app import App
-from agent.runtime.drabinding import decide
 from tests.dra.fixtures import NODE, claim_user_pod, reserve
 from tests.dra.test_answer_claim import claim as waiting_claim
 from tests.dra.test_answer_claim import result as waiting_result

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from agent.claims.container import DriverPaths, share_device
 from agent.core.types import Device
 from agent.core.units import GIB
 from agent.dra import devnodes
 from agent.dra.cdi import CdiDeviceNode, claim_spec
 from agent.dra.devnodes import DeviceNodeError, read_cap_minor
 from agent.gpu.fake import FakeGpuBackend, fake_uuid
-from agent.runtime.dracontainer import DriverPaths, share_device
 from tests.dra.inprocess import lease_on, node_of
 
 needs_root = pytest.mark.skipif(

@@ -33,12 +33,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent.claims.container import DriverPaths, share_device
 from agent.core.types import Device
 from agent.core.units import GIB
 from agent.dra import devnodes, toolkit
 from agent.dra.cdi import CDI_KIND, CdiDevice, cdi_name, claim_spec, write_spec
 from agent.gpu.fake import fake_uuid
-from agent.runtime.dracontainer import DriverPaths, share_device
 from tests.dra.inprocess import lease_on, node_of
 from tests.dra.toolkit_standin import DRIVER, LIB_DIR, hook_calls, make_standin
 from tests.helpers import REPO

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.claims.container import DriverPaths, admin_device, share_device
 from agent.core.types import AdmissionRequest, PriorityClass
 from agent.core.units import GIB
 from agent.dra import toolkit
 from agent.dra.cdi import CdiHook, CdiMount, claim_spec
 from agent.dra.toolkit import common_edits, doctor_check
-from agent.runtime.dracontainer import DriverPaths, admin_device, share_device
 from tests.dra.toolkit_standin import DRIVER, LIB_DIR, make_standin, rooted_spec
 from tests.helpers import fake_ports, running_app, sim_settings
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from agent.claims.driver import ClaimDriver
+from agent.claims.reconcile import Reconciler
 from agent.dra.port import ClaimRef
 from agent.runtime.app import App
-from agent.runtime.dra import ClaimDriver
-from agent.runtime.drareconcile import Reconciler
 from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
 from tests.dra.fixtures import NODE
 from tests.dra.test_claim_answers import allocated_claim, result

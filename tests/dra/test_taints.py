@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from agent.admission.policy import DeviceView, Rules
+from agent.claims.inventory import device_health, inventory, taints
 from agent.config.dra import DraSettings
 from agent.core.types import Device, ReasonCode
 from agent.core.units import GIB, MIB
@@ -25,9 +26,8 @@ from agent.dra.slices import Capacity, SliceDevice, Taint
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.kubeapi.rest import RestKubeApi
 from agent.mps.fake import FakeMpsManager
+from agent.node.availability import GONE_DETAIL
 from agent.runtime.app import Ports
-from agent.runtime.drainventory import device_health, inventory, taints
-from agent.runtime.janitor import GONE_DETAIL
 from tests.helpers import running_app, sim_settings
 from tests.kube.apiserver import FakeApiServer
 

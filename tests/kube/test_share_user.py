@@ -152,7 +152,7 @@ def test_kube_serve_takes_the_requirement(
     monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], required: bool
 ) -> None:
     import agent.cli.kube as cli
-    import agent.runtime.logs as logs
+    import agent.cli.logs as logs
 
     seen: list[Any] = []
 

@@ -25,8 +25,8 @@ from agent.core.errors import ConfigError
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Workload, to_json
 from agent.estimator.training import save, train
+from agent.learning.learned import active_learned, history_path
 from agent.runtime.app import App
-from agent.runtime.learned import active_learned, history_path
 from agent.sim.contention import Load, retentions
 from agent.sim.synth import runs, workloads
 from tests.helpers import FakeClock, running_app, short_dir, sim_settings
@@ -179,7 +179,7 @@ async def test_a_wrong_model_is_replaced_by_one_learned_on_the_node_and_kept(
     saved = RetentionModel.load(path)
     assert saved.metadata["learning"]["history"][0]["swapped"] is True
 
-    caplog.set_level(logging.INFO, logger="agent.runtime")
+    caplog.set_level(logging.INFO, logger="agent.learning")
     async with running_app(settings) as again:  # a restart uses the learned model
         assert again.learned == path
         assert "learned on the node" in again.gate.name

@@ -16,12 +16,12 @@ import pytest
 
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
+from agent.control.processes import read_lease_hint
 from agent.core.types import GpuProcess
 from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import Ports
-from agent.runtime.processes import read_lease_hint
 from tests.helpers import running_app, short_dir, sim_settings
 
 

@@ -15,7 +15,7 @@ from agent.api.grpc_server import AgentService
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.api.server import GrpcServer
-from agent.runtime.events import EventLog
+from agent.node.events import EventLog
 from agent.state.port import Retention
 from agent.state.sqlite import SqliteStateStore
 from tests.helpers import short_dir

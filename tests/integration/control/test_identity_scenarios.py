@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from agent.control import processes
+from agent.control.processes import read_lease_hint
 from agent.core.identity import CgroupFacts
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import AdmissionRequest, Event, GpuProcess, PriorityClass
 from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
-from agent.runtime import processes
 from agent.runtime.app import App, Ports
-from agent.runtime.processes import read_lease_hint
 from agent.runtime.wiring import SimCounters
 from tests.helpers import FakeClock, running_app, short_dir, sim_settings
 
@@ -118,7 +118,7 @@ async def test_naming_another_pods_lease_makes_it_not_ready_and_is_reported_once
     with tenant(victim.lease_id) as liar:
         cgroups(monkeypatch, {liar: IN_LIAR_POD})
         on_device(app, {liar: GIB})
-        with caplog.at_level(logging.WARNING, logger="agent.runtime.attribution"):
+        with caplog.at_level(logging.WARNING, logger="agent.control.attribution"):
             await app.control.readiness.check_once()
             await app.control.readiness.check_once()
             await app.control.janitor.pass_once(dry_run=False)

@@ -12,15 +12,15 @@ from contextlib import contextmanager
 
 import pytest
 
-from agent.core.identity import ProcessIdentity
-from agent.runtime import processes
-from agent.runtime.processes import (
+from agent.control import processes
+from agent.control.processes import (
     IdentityCache,
     read_cgroup,
     read_identity,
     read_lease_hint,
     read_start_time,
 )
+from agent.core.identity import ProcessIdentity
 
 SECRET = "hunter2-do-not-keep"
 GONE_PID = 2**22 + 12345  # above pid_max on common kernels: no such process

@@ -253,7 +253,7 @@ async def test_a_lease_whose_client_never_connects_is_ineffective_at_its_deadlin
     # workload (the lease is bound to none). Real reads are tested with real processes in
     # tests/integration/control/test_process_identity.py.
     monkeypatch.setattr(
-        "agent.runtime.processes.read_identity",
+        "agent.control.processes.read_identity",
         lambda pid: (
             ProcessIdentity(pid, 1, CgroupFacts(), other.lease_id) if pid == 2**22 + 7 else None
         ),

@@ -19,8 +19,9 @@ from agent.core.types import Device
 from agent.core.units import GIB
 from agent.gpu.fake import FakeGpuBackend
 from agent.mps.control import SubprocessMpsControl
+from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.port import ControlChannel
-from agent.mps.supervisor import DaemonDefaults, DaemonSupervisor, SupervisorOptions
+from agent.mps.supervisor import DaemonSupervisor
 
 REAL_BINARY = shutil.which("nvidia-cuda-mps-control")
 _BESIDE_PYTHON = Path(sys.executable).parent / "gpushare-fake-mps-control"

@@ -28,8 +28,8 @@ from agent.mps.control import SubprocessMpsControl
 from agent.mps.daemon import lock_holder
 from agent.mps.host import MpsHost
 from agent.mps.manager import SupervisedMpsManager
+from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.port import ControlChannel
-from agent.mps.supervisor import DaemonDefaults, SupervisorOptions
 from tests.helpers import short_dir
 from tests.integration.mps import harness
 from tests.integration.mps.harness import (
@@ -366,8 +366,8 @@ async def test_a_daemon_started_shared_is_reported_with_why(root: Path) -> None:
 
 async def test_the_doctor_finds_each_daemons_tmpfs_and_a_legacy_one(root: Path) -> None:
     from agent.config.loading import load_settings
-    from agent.runtime.preflight import check_shm
-    from agent.runtime.preflight.gather import shm_facts
+    from agent.doctor import check_shm
+    from agent.doctor.gather import shm_facts
 
     settings = load_settings(
         overrides={

@@ -9,7 +9,7 @@ import pytest
 
 from agent.core.errors import MpsError
 from agent.gpu.fake import FakeGpuBackend
-from agent.runtime.events import EventLog
+from agent.node.events import EventLog
 from agent.runtime.wiring import build_mps_manager
 from tests.helpers import sim_settings
 

@@ -12,7 +12,8 @@ import pytest
 from agent.core.types import Device, GpuProcess
 from agent.core.units import GIB
 from agent.mps.manager import check_multi_user
-from agent.mps.supervisor import DaemonDefaults, DaemonSupervisor
+from agent.mps.options import DaemonDefaults
+from agent.mps.supervisor import DaemonSupervisor
 from agent.sim.processes import SimGpuBackend
 from tests.helpers import short_dir
 from tests.integration.mps.harness import FAKE_BINARY, front_end, make_supervisor

@@ -17,8 +17,8 @@ from agent.core.errors import MpsError
 from agent.core.types import AdmissionRequest, PriorityClass
 from agent.core.units import GIB
 from agent.kubelet.port import LEASE_ANNOTATION, AllocationRefused
+from agent.legacy.deviceplugin.podalloc import NRI_MARKER, PodAllocator
 from agent.nri.port import InjectionRefused, PodRef
-from agent.runtime.podalloc import NRI_MARKER, PodAllocator
 from tests.integration.state.races import Setup, clocked_node
 
 LEGACY = "/run/gpushare-shm"

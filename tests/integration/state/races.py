@@ -14,8 +14,8 @@ from agent.admission.policy import Rules
 from agent.core.errors import StateError
 from agent.core.types import AdmissionRequest, Device, MpsDaemonState, PriorityClass
 from agent.core.units import GIB
-from agent.runtime.events import EventLog
-from agent.runtime.node import NodeService
+from agent.node.events import EventLog
+from agent.node.service import NodeService
 from agent.state.sqlite import SqliteStateStore
 from tests.helpers import FakeClock
 

@@ -17,9 +17,9 @@ from agent.config.kubelet import KubeletSettings
 from agent.core.types import AdmissionRequest, PriorityClass
 from agent.core.units import GIB
 from agent.kubelet.port import AllocationRefused, ContainerAllocation
-from agent.runtime.events import EventLog
-from agent.runtime.node import NodeService
-from agent.runtime.podalloc import PodAllocator
+from agent.legacy.deviceplugin.podalloc import PodAllocator
+from agent.node.events import EventLog
+from agent.node.service import NodeService
 from agent.state.migrations import MIGRATIONS, schema_version
 from agent.state.port import AllocationKind, AllocationRecord, Retention, WriteBatch
 from agent.state.sqlite import SqliteStateStore

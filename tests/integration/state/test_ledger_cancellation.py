@@ -13,7 +13,7 @@ import pytest
 from agent.core.errors import ConflictError, StateError
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import PriorityClass
-from agent.runtime.node import NodeService
+from agent.node.service import NodeService
 from tests.integration.state.races import (
     DEVICE,
     Ledger,

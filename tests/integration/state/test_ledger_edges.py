@@ -15,8 +15,8 @@ from agent.core.errors import ConflictError, StateError
 from agent.core.lease import LeaseState
 from agent.core.types import AdmissionRequest, Device, MpsDaemonState, PriorityClass, ReasonCode
 from agent.core.units import GIB
-from agent.runtime.events import EventLog
-from agent.runtime.node import NodeService
+from agent.node.events import EventLog
+from agent.node.service import NodeService
 from agent.state.sqlite import SqliteStateStore
 
 DEVICE = Device("GPU-0", 0, "H100", 80 * GIB)

@@ -11,7 +11,7 @@ import pytest
 from agent.core.errors import AlreadyExistsError, ConflictError, StateError
 from agent.core.lease import LeaseState
 from agent.core.types import PriorityClass, ReasonCode
-from agent.runtime.node import NodeService
+from agent.node.service import NodeService
 from tests.integration.state.races import (
     DEVICE,
     ControlledStore,

@@ -10,7 +10,7 @@ from pathlib import Path
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import PriorityClass, ReasonCode
 from agent.core.units import GIB
-from agent.runtime.requests import record_for
+from agent.node.requests import record_for
 from agent.state.migrations import MIGRATIONS, schema_version
 from agent.state.rows import LEASE_COLUMNS, REQUEST_INSERT, lease_row, request_row
 from tests.integration.state.races import open_node, request

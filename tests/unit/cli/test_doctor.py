@@ -14,11 +14,11 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
+from agent import doctor as pf
 from agent.cli import doctor as doc
 from agent.cli.main import cli
 from agent.config import load_settings
-from agent.runtime import preflight as pf
-from agent.runtime.preflight import (
+from agent.doctor import (
     AgentFacts,
     BinaryFacts,
     CertFacts,

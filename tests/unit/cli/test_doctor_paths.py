@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from agent import doctor as pf
 from agent.cli import doctor as doc
 from agent.config import load_settings
-from agent.runtime import preflight as pf
-from agent.runtime.preflight import DeviceShm, KubeFacts, PathFacts, ShmFacts, gather
+from agent.doctor import DeviceShm, KubeFacts, PathFacts, ShmFacts, gather
 from tests.kube.apiserver import FakeApiServer
 
 USER = "system:serviceaccount:gpushare-system:gpushare-agent"

@@ -1,5 +1,5 @@
 """Which user a pod's containers run as (agent.core.podusers), and the DRA driver's verdict
-on a claim's users (agent.runtime.drausers.decided): tables."""
+on a claim's users (agent.claims.users.decided): tables."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agent.claims.users import decided, one_share_per_container
 from agent.core.podusers import (
     FIX,
     MAX_UID,
@@ -17,7 +18,6 @@ from agent.core.podusers import (
     users_of,
 )
 from agent.dra.claims import ClaimError, Share
-from agent.runtime.drausers import decided, one_share_per_container
 
 
 def pod(

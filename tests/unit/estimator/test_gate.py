@@ -12,7 +12,7 @@ from agent.core.types import AdmissionRequest, Device, PriorityClass, ReasonCode
 from agent.core.units import GIB
 from agent.estimator.model import DEFAULT_MODEL_DIR, RetentionModel
 from agent.estimator.profiles import load_profiles
-from agent.runtime.gate import FALLBACK, ProfileGate
+from agent.learning.gate import FALLBACK, ProfileGate
 
 PROFILES = load_profiles(Path(__file__).parents[3] / "profiles")
 DEVICE = Device("GPU-0", 0, "A100-SXM4-80GB", 80 * GIB)
@@ -125,7 +125,7 @@ def test_unattributed_load_is_what_the_signatures_do_not_explain(
     measured_sm: float, measured_dram: float, extra_sm: float | None, extra_dram: float | None
 ) -> None:
     from agent.estimator.records import Workload
-    from agent.runtime.gate import unattributed
+    from agent.learning.gate import unattributed
 
     declared = [
         Workload("a", 50, GIB, {"sm_active": 0.1, "dram_active": 0.05}),

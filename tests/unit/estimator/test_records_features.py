@@ -233,7 +233,7 @@ def test_bad_share_counters_name_the_field(shares: dict[str, object], where: str
 
 def test_a_profile_measured_at_shares_reaches_the_gate(tmp_path: object) -> None:
     from agent.estimator.profiles import parse_profile
-    from agent.runtime.gate import _workload
+    from agent.learning.gate import _workload
 
     profile = parse_profile(
         "version: 1\nname: bert\ngpu_model: A100\ncounters: {sm_active: 0.9}\n"

@@ -12,7 +12,7 @@ import pytest
 
 from agent.core.types import GpuProcess, MpsDaemonState, MpsServerState
 from agent.core.units import GIB
-from agent.runtime.events import EventLog
+from agent.node.events import EventLog
 from agent.runtime.wiring import build_ports
 from agent.sim.node import SimNodeSpec
 from agent.sim.processes import (

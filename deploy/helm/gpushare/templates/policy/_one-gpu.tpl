@@ -3,7 +3,7 @@ The one-GPU-per-container admission policies (values oneGpuPerContainerPolicy). 
 process reaches one MPS control daemon (one CUDA_MPS_PIPE_DIRECTORY) and the agent runs one
 per GPU, so a container given shares on two GPUs would reach one of them without MPS. The
 agent refuses such a claim at its binding answer (ONE_SHARE_PER_REQUEST,
-agent/runtime/claims.py), after placement, and the scheduler then tries the pod again and
+agent/claims/shares.py), after placement, and the scheduler then tries the pod again and
 again; these ValidatingAdmissionPolicies refuse it when it is written, where the API shows
 it:
 
@@ -29,7 +29,7 @@ tests/deploy/test_one_gpu_policy.py evaluates their CEL on sample claims and pod
 gpushare.io
 {{- end -}}
 
-{{/* Why a container is served on one GPU: agent/runtime/claims.py's, word for word. */}}
+{{/* Why a container is served on one GPU: agent/claims/shares.py's, word for word. */}}
 {{- define "gpushare.oneGpu.why" -}}
 a process reaches one MPS server, so a container is served on one GPU
 {{- end -}}

@@ -1,0 +1,2 @@
+"""The asyncio toolkit: supervised tasks, critical sections a cancelled caller cannot cut, work
+owed until done."""

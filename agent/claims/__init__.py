@@ -1,0 +1,2 @@
+"""The DRA driver's decisions: ResourceClaims as leases (Prepare, binding answers, reconcile,
+CDI specs, slices)."""

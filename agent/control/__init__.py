@@ -1,0 +1,1 @@
+"""The control loops after admission: readiness, the janitor, degradation; process attribution."""
