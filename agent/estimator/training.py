@@ -101,6 +101,7 @@ class TrainResult:
     structure: Structure | None = None  # the estimate, where only the base carries signal
     decision: Structure | None = None  # what the gate decides on, where not the estimate
     correction: RandomForestRegressor | None = None  # the decision's forest, as fitted
+    prepared: Prepared | None = None  # what the choice was made from (in memory only)
 
     @property
     def selected(self) -> str:
@@ -154,6 +155,7 @@ def train(
         p.names, regressor, None, None, p.constraints, cv, calibration, predictive, points
     )
     result.constraint_checks = p.checks
+    result.prepared = p
     result.curve = {"nominal": list(cal.LEVELS), "achieved": achieved}
     _fit_final(result, p, choice.name, trees, seed)
     return result

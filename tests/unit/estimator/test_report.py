@@ -39,11 +39,13 @@ def test_the_gate_at_its_operating_point_and_its_curve_per_floor(result) -> None
     metrics, gates = evaluated["metrics"], evaluated["curves"]["gate"]
     assert metrics["gate_precision_target"] == 0.95
     assert metrics["gate_threshold_at_0.85"] == model.threshold(0.85, 0.95)
-    # the shipped model's own 0.95 column kept 0.95 on held-out families (nothing chose that
-    # column for it), so the gate runs there and says what it kept
+    # the shipped model's own 0.95 column kept 0.95 on held-out families, but not by one
+    # standard error across groups: the gate runs at the next column that does (0.97), and
+    # says what it kept there on families its threshold never saw
     chosen = model.metadata["cross_validation"]["selected"]
     assert chosen["gate_heldout_precision_own_column_at_0.85"] >= 0.95
-    assert chosen["gate_column_at_0.85"] == 0.95
+    assert chosen["gate_column_at_0.85"] == 0.97
+    assert chosen["gate_heldout_precision_at_0.85"] >= 0.95
     assert metrics["cv_heldout_precision_at_0.85"] == chosen["gate_heldout_precision_at_0.85"]
     assert set(gates) == {"0.8", "0.85", "0.9"}
     _precision, recall = gates["0.85"]["model"]

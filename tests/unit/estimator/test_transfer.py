@@ -58,20 +58,24 @@ def test_on_families_of_kinds_never_seen_the_gate_keeps_its_precision(tmp_path: 
     assert admitted_good / admitted >= PRECISION, admitted_good / admitted
 
 
-def test_where_nothing_carries_across_families_the_gate_loses_no_recall_to_a_rule() -> None:
+def test_where_nothing_carries_across_families_the_gate_keeps_the_base_and_loses_nothing() -> None:
     # every family its own kind: what the forest learns of one says nothing of another.
-    # Nested over groups of like families, mean over three worlds: the gate admits at
-    # least what the best rule does, its limit chosen in the same inner loop. (It does not
-    # always keep the base: on these worlds the base admits 0.63 and the gate 0.58, the
-    # forest or a correction winning the inner loop by more than its spread in some outer
-    # groups and losing on the group held out.)
+    # Nested over groups of like families (train run without each fold, its model asked
+    # about it), mean over three worlds: the gate admits at least what the best rule and the
+    # base do, their limits chosen in the same inner loop, and the correction is rarely kept.
+    # (Before the study was nested in what is fitted too, the gate was 0.05 under the base
+    # on these worlds: a correction won inner loops whose models had seen the outer group.)
     found = [
-        nested_gate(family_shift_runs(600, seed=seed, kinds=12, per_kind=1), trees=30)
+        nested_gate(family_shift_runs(600, seed=seed, kinds=12, per_kind=1), trees=20, outer=4)
         for seed in (0, 1, 2)
     ]
     gate = np.mean([f["gate"]["heldout_recall"] for f in found])
     rule = np.mean([f[f["best_rule"]]["heldout_recall"] for f in found])
-    assert gate >= rule - 0.01, (gate, rule)
+    base = np.mean([f["base"]["heldout_recall"] for f in found])
+    assert gate >= max(rule, base) - 0.01, (gate, rule, base)
+    picked = [n for f in found for n, k in f["picked"].items() for _ in range(k)]
+    corrected = sum(n.startswith("corrected") for n in picked)
+    assert corrected <= len(picked) / 4, picked
 
 
 def test_records_from_the_node_move_a_model_trained_elsewhere_toward_the_nodes_truth(
@@ -98,7 +102,7 @@ def test_records_from_the_node_move_a_model_trained_elsewhere_toward_the_nodes_t
     # without each group of like families in turn, admit at least what the best rule does
     choice = learned.metadata["cross_validation"]["gate_choice"]
     assert choice["gate_heldout_recall"] >= (choice["best_rule_heldout_recall"] or 0) - 0.01
-    found = nested_gate(outcome.records, trees=10)
+    found = nested_gate(outcome.records, trees=10, outer=4)
     best = found[found["best_rule"]]["heldout_recall"]
     assert found["gate"]["heldout_recall"] >= best - 0.01, (found["gate"], best)
     # and on the node's new sets it is as precise as wanted
