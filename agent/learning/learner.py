@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.aio.tasks import Supervisor
-from agent.config.settings import EstimatorSettings
+from agent.config.estimator import EstimatorSettings
 from agent.core.errors import ConfigError, ConflictError, ValidationError
 from agent.core.types import Device, RetrainAnswer
 from agent.estimator.model import RetentionModel
