@@ -26,7 +26,8 @@ from agent.claims import start as drastart
 from agent.claims.binding import BindingDecisions
 from agent.config import Settings, filewatch
 from agent.control.loops import ControlLoops, build_control
-from agent.core.types import Device, NodeSnapshot
+from agent.core.snapshot import NodeSnapshot
+from agent.core.types import Device
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.learning.learned import adopt_learned
