@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from agent import __version__
 from agent.api.lease_metrics import lease_families, lease_rows
-from agent.core.types import LATENCY_BUCKETS_S, NodeSnapshot
+from agent.core.snapshot import LATENCY_BUCKETS_S, NodeSnapshot
 
 
 @dataclass(frozen=True, slots=True)

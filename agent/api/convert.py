@@ -6,17 +6,10 @@ from agent import __version__
 from agent.admission.isolation import Isolation, isolation_of
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease
-from agent.core.types import (
-    AdmitResult,
-    Decision,
-    Device,
-    DeviceLedger,
-    Event,
-    MpsDaemonState,
-    NodeSnapshot,
-    Sample,
-    WindowSample,
-)
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.samples import Sample, WindowSample
+from agent.core.snapshot import DeviceLedger, NodeSnapshot
+from agent.core.types import AdmitResult, Decision, Device, Event
 
 
 def device_to_pb(device: Device) -> pb.Device:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from agent.core.types import NodeSnapshot
+from agent.core.snapshot import NodeSnapshot
 
 LEASE_LABELS = ["lease", "pod", "namespace", "device"]
 LIVE_STATES = ("reserved", "admitted", "ready")

@@ -8,17 +8,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.core.errors import ConflictError
+from agent.core.learning import ProgressAnswer, RetrainAnswer
 from agent.core.lease import Lease
-from agent.core.types import (
-    AdmissionRequest,
-    AdmitResult,
-    BatchResult,
-    Device,
-    Event,
-    NodeSnapshot,
-    ProgressAnswer,
-    RetrainAnswer,
-)
+from agent.core.snapshot import NodeSnapshot
+from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, Device, Event
 
 
 class NodeApi(Protocol):

@@ -22,7 +22,8 @@ from agent.admission.policy import DeviceView
 from agent.control.janitor import terminate_clients
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease, LeaseState
-from agent.core.types import ReasonCode, WindowSample
+from agent.core.samples import WindowSample
+from agent.core.types import ReasonCode
 from agent.mps.port import MpsManager
 from agent.mps.stale import clients_on
 from agent.node.events import EventLog

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from agent.control.attribution import ProcessAttributor
 from agent.core.errors import GpushareError
 from agent.core.lease import Lease, LeaseState
-from agent.core.types import Device, MpsDaemonState
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import Device
 from agent.gpu.port import GpuBackend
 from agent.node.events import EventLog
 from agent.node.service import NodeService

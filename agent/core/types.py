@@ -1,4 +1,7 @@
-"""The agent's vocabulary as frozen dataclasses.
+"""The agent's vocabulary as frozen dataclasses: devices, what a caller asks for and what
+it is answered, and events. A device's counters (``samples``), its MPS daemon
+(``mpsstate``), what the agent learns from (``learning``) and the node's snapshot
+(``snapshot``) have modules of their own.
 
 Units are in the field names (``memory_bytes``, ``window_s``, ``thread_pct``). Times are
 seconds since the Unix epoch (``*_at``) or durations in seconds (``*_s``).
@@ -114,19 +117,6 @@ class JobAttributes:
 
 
 @dataclass(frozen=True, slots=True)
-class HistoryRow:
-    """A lease that ended, for the readiness predictor: the nine attributes known when it
-    was admitted, how it ended, and whether (and how soon) a client of it appeared."""
-
-    lease_id: str
-    ended_at: float
-    final_state: str
-    attributes: Mapping[str, float | str]
-    became_ready: bool
-    ready_after_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
 class AdmissionRequest:
     """What a caller asks for: memory and compute on one device of this node."""
 
@@ -199,38 +189,6 @@ class Decision:
             raise ValidationError("reason", "a refusal carries a reason code")
 
 
-def _frozen_counters(values: Mapping[str, float]) -> Mapping[str, float]:
-    return MappingProxyType(dict(values))
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One reading of a device's counters, canonical names, at ``taken_at``."""
-
-    device_uuid: str
-    taken_at: float
-    counters: Mapping[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "counters", _frozen_counters(self.counters))
-
-
-@dataclass(frozen=True, slots=True)
-class WindowSample:
-    """Counters of one device aggregated over a fixed window: per-field mean and max."""
-
-    device_uuid: str
-    start_at: float
-    window_s: float
-    sample_count: int
-    mean: Mapping[str, float] = field(default_factory=dict)
-    max: Mapping[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mean", _frozen_counters(self.mean))
-        object.__setattr__(self, "max", _frozen_counters(self.max))
-
-
 @dataclass(frozen=True, slots=True)
 class Event:
     """Something the agent did or saw.
@@ -250,33 +208,6 @@ class Event:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
-
-
-@dataclass(frozen=True, slots=True)
-class MpsServerState:
-    """An MPS server process of a device's daemon and the client PIDs it serves."""
-
-    pid: int
-    client_pids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class MpsDaemonState:
-    """What the agent knows about the MPS control daemon of one device."""
-
-    device_uuid: str
-    up: bool
-    backend: str
-    pid: int | None = None
-    restarts: int = 0
-    default_thread_pct: float | None = None
-    default_memory_limit_bytes: int | None = None
-    detail: str = ""
-    pipe_dir: str = ""
-    servers: tuple[MpsServerState, ...] = ()
-    defaults_drift_total: int = 0
-    pipe_permission_violations_total: int = 0  # mode or owner changes found at probes
-    answering: bool = True  # False from the first unanswered probe to the next answered one
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,92 +233,3 @@ class BatchResult:
     order: tuple[str, ...]  # request ids, as placed
     ready_probability: tuple[float, ...] = ()  # per request, in request order
     ordered_by: str = "arrival"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceLedger:
-    """What a device holds, and why it takes nothing now (if it does not)."""
-
-    device_uuid: str
-    memory_committed_bytes: int
-    threads_committed_pct: float
-    leases: int
-    closed: str = ""
-    closed_detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GoneDevice:
-    """A device the node no longer has (a GPU off the bus, MIG repartitioned) whose leases
-    were failed: found missing at start, or gone at run time."""
-
-    device_uuid: str
-    since: float  # seconds since the Unix epoch
-    leases_failed: int
-    when: str  # "at start" or "at run time"
-
-
-LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionStats:
-    """Admission counts by ``(result, reason)`` and a latency histogram of Admit decisions."""
-
-    outcomes: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    latency_buckets: tuple[int, ...] = (0,) * len(LATENCY_BUCKETS_S)  # cumulative counts
-    latency_sum_s: float = 0.0
-    latency_count: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressAnswer:
-    """What the agent measured of a lease's progress so far (ReportProgress's answer)."""
-
-    lease_id: str
-    window_s: float = 0.0  # the span of its reports in its current window
-    rate_per_s: float = 0.0  # units a second over that span; 0 while it is too short
-    peers: int = 0  # the other leases on its device in the current window
-    records: int = 0  # run records made from its windows so far
-
-
-@dataclass(frozen=True, slots=True)
-class RetrainAnswer:
-    """One attempt to retrain the retention model on the node's run records."""
-
-    swapped: bool
-    reason: str
-    node_records: int
-    figures: Mapping[str, float] = field(default_factory=dict)
-    model_dir: str = ""  # the model swapped in; "" when kept
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSnapshot:
-    """The node as the API and the metrics see it at one instant."""
-
-    node_name: str
-    simulated: bool
-    taken_at: float
-    devices: tuple[Device, ...]
-    mps: tuple[MpsDaemonState, ...] = ()
-    latest_samples: tuple[Sample, ...] = ()
-    latest_windows: tuple[WindowSample, ...] = ()
-    telemetry_source: str = ""
-    stale_devices: tuple[str, ...] = ()
-    leases: tuple[Lease, ...] = ()
-    ledger: tuple[DeviceLedger, ...] = ()
-    gone_devices: tuple[GoneDevice, ...] = ()
-    stranded_memory_bytes: int = 0
-    stranded_thread_pct: float = 0.0
-    last_event_seq: int = 0
-    retention_estimates: Mapping[str, float] = field(default_factory=dict)
-    ineffective_ratio: float = 0.0  # W: memory held by admitted, not-ready leases / node memory
-    injector: str = ""  # "nri", "device-plugin" or "" (see GetNodeResponse.injector)
-    admission: AdmissionStats = field(default_factory=AdmissionStats)
-    control_actions: Mapping[str, int] = field(default_factory=dict)  # janitor, degradation
-    degraded_devices: tuple[str, ...] = ()
-    # processes whose GPUSHARE_LEASE_ID named a lease their cgroup contradicts (security)
-    lease_identity_mismatches_total: int = 0
-    # run records made from the node's own progress reports since the agent started
-    estimator_node_records_total: int = 0

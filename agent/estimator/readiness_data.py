@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.core.errors import ValidationError
-from agent.core.types import HistoryRow
+from agent.core.learning import HistoryRow
 from agent.estimator.readiness import Row
 
 ASI_COLUMNS = (

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.core.errors import TelemetryError
-from agent.core.types import Device, Sample
+from agent.core.samples import Sample
+from agent.core.types import Device
 from agent.gpu.fields import DCGM_FIELDS, from_dcgm_ids
 
 BINDINGS_DIRS = (

@@ -17,7 +17,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.core.errors import TelemetryError
-from agent.core.types import Device, Sample
+from agent.core.samples import Sample
+from agent.core.types import Device
 from agent.gpu.fields import BY_METRIC_NAME, is_blank
 
 UUID_LABELS = ("UUID", "uuid", "gpu_uuid")

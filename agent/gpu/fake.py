@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.core.errors import GpuError
-from agent.core.types import Device, GpuProcess, Sample, SharingMode
+from agent.core.samples import Sample
+from agent.core.types import Device, GpuProcess, SharingMode
 from agent.core.units import GIB
 from agent.gpu.port import GpuEventSink
 

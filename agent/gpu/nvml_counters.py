@@ -14,7 +14,8 @@ from typing import Any
 
 import pynvml
 
-from agent.core.types import Device, Sample
+from agent.core.samples import Sample
+from agent.core.types import Device
 from agent.gpu.nvml import call, optional
 
 

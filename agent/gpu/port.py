@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from agent.core.types import Device, GpuProcess, Sample
+from agent.core.samples import Sample
+from agent.core.types import Device, GpuProcess
 
 # kind, message, device UUID, attributes
 GpuEventSink = Callable[[str, str, str | None, Mapping[str, str]], None]

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from agent.core.errors import GpushareError
-from agent.core.types import Device, Sample, WindowSample
+from agent.core.samples import Sample, WindowSample
+from agent.core.types import Device
 from agent.gpu.port import TelemetrySource
 from agent.gpu.windows import WindowAggregator
 

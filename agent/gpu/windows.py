@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from agent.core.types import Sample, WindowSample
+from agent.core.samples import Sample, WindowSample
 
 
 class _Open:

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.aio.tasks import Supervisor
-from agent.config.settings import EstimatorSettings
+from agent.config.estimator import EstimatorSettings
 from agent.core.errors import ConfigError, ConflictError, ValidationError
-from agent.core.types import Device, RetrainAnswer
+from agent.core.learning import RetrainAnswer
+from agent.core.types import Device
 from agent.estimator.model import RetentionModel
 from agent.estimator.records import Record, family_of, parse_lines
 from agent.gpu.sampler import Sampler

@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.core.errors import ValidationError
+from agent.core.learning import ProgressAnswer
 from agent.core.lease import Lease, LeaseState
-from agent.core.types import Device, ProgressAnswer
+from agent.core.types import Device
 from agent.estimator.records import Record, Workload
 
 RUNNING = frozenset({LeaseState.ADMITTED, LeaseState.READY})

@@ -15,8 +15,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 from agent.core.errors import NotFoundError, PermissionDeniedError
+from agent.core.learning import ProgressAnswer
 from agent.core.lease import LeaseState
-from agent.core.types import Device, Event, ProgressAnswer, WindowSample
+from agent.core.samples import WindowSample
+from agent.core.types import Device, Event
 from agent.estimator.records import to_json
 from agent.learning.progress import NodeRecord, ProgressTracker
 from agent.node.ledger import Ledger

@@ -9,7 +9,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from agent.core.errors import MpsControlError, MpsError
-from agent.core.types import Device, MpsDaemonState, MpsServerState, SharingMode
+from agent.core.mpsstate import MpsDaemonState, MpsServerState
+from agent.core.types import Device, SharingMode
 
 FIRST_SERVER_PID = 4_000_000  # above any real PID, so a fake server never names a process
 

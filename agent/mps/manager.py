@@ -20,7 +20,8 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 
 from agent.core.errors import GpuError, MpsError
-from agent.core.types import Device, MpsDaemonState, SharingMode
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import Device, SharingMode
 from agent.mps import shm
 from agent.mps.options import DaemonDefaults, SupervisorOptions
 from agent.mps.port import EventSink

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from agent.core.types import Device, MpsDaemonState
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import Device
 
 
 class MpsManager(Protocol):

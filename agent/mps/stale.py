@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.core.lease import Lease, LeaseState
-from agent.core.types import MpsDaemonState
+from agent.core.mpsstate import MpsDaemonState
 from agent.core.units import format_bytes
 
 

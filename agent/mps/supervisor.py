@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from agent.core.errors import MpsControlError, MpsError
-from agent.core.types import Device, MpsDaemonState, MpsServerState
+from agent.core.mpsstate import MpsDaemonState, MpsServerState
+from agent.core.types import Device
 from agent.mps import daemon as proc
 from agent.mps.control import MpsControlClient
 from agent.mps.limits import DAEMON_DEVICE_ORDINAL, DaemonPaths, daemon_environment

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 
 from agent.aio.section import run_to_end
 from agent.core.errors import NotFoundError
-from agent.core.types import Device, MpsDaemonState, ReasonCode, SharingMode
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import Device, ReasonCode, SharingMode
 from agent.node.events import EventLog
 from agent.state.port import StateStore
 

@@ -20,17 +20,15 @@ from agent.admission.policy import DeviceView, RetentionGate, Rules
 from agent.aio.section import LedgerLock
 from agent.core.errors import StateError
 from agent.core.lease import Lease, LeaseState
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.snapshot import AdmissionStats, DeviceLedger, GoneDevice
 from agent.core.types import (
     AdmissionRequest,
-    AdmissionStats,
     AdmitResult,
     BatchResult,
     Decision,
     Device,
-    DeviceLedger,
     Event,
-    GoneDevice,
-    MpsDaemonState,
     ReasonCode,
 )
 from agent.node.admitting import AdmissionOptions, Admissions, ReadinessPredictor

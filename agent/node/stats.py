@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from agent.core.types import LATENCY_BUCKETS_S, AdmissionStats, Decision
+from agent.core.snapshot import LATENCY_BUCKETS_S, AdmissionStats
+from agent.core.types import Decision
 
 
 class AdmissionRecorder:

@@ -22,16 +22,17 @@ from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.dra_metrics import DraCollector
 from agent.api.http import HttpServer, build_http_app
 from agent.api.server import GrpcServer
-from agent.claims import start as drastart
 from agent.claims.binding import BindingDecisions
+from agent.claims.start import DraDriver, start_dra_driver
 from agent.config import Settings, filewatch
 from agent.control.loops import ControlLoops, build_control
-from agent.core.types import Device, NodeSnapshot
+from agent.core.snapshot import NodeSnapshot
+from agent.core.types import Device
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.learning.learned import adopt_learned
 from agent.learning.learner import NodeLearning, start_learning
-from agent.legacy.deviceplugin import start as kubelet
+from agent.legacy.deviceplugin.start import KubeletPlugins, start_device_plugin
 from agent.node.events import EventLog
 from agent.node.service import NodeService
 from agent.runtime import checks, effective, listeners, signals, snapshot
@@ -89,8 +90,8 @@ class App:
         self.node: NodeService | None = None
         self.control: ControlLoops | None = None
         self.learning: NodeLearning | None = None
-        self.device_plugin: kubelet.KubeletPlugins | None = None
-        self.dra: drastart.DraDriver | None = None
+        self.device_plugin: KubeletPlugins | None = None
+        self.dra: DraDriver | None = None
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
         self.supervisor = Supervisor()
@@ -281,10 +282,10 @@ class App:
         )
         await self.node.load()
         mps = self.ports.mps
-        self.device_plugin = await kubelet.start_device_plugin(
+        self.device_plugin = await start_device_plugin(
             self.settings, self.node, self.events, store=self.store, clock=self.clock, shm=mps
         )
-        self.dra = await drastart.start_dra_driver(
+        self.dra = await start_dra_driver(
             self.settings,
             self.node,
             self.events,

@@ -6,16 +6,10 @@ from collections.abc import Callable, Sequence
 
 from agent.control.janitor import Janitor
 from agent.core.errors import GpushareError
+from agent.core.learning import ProgressAnswer, RetrainAnswer
 from agent.core.lease import Lease
-from agent.core.types import (
-    AdmissionRequest,
-    AdmitResult,
-    BatchResult,
-    Device,
-    NodeSnapshot,
-    ProgressAnswer,
-    RetrainAnswer,
-)
+from agent.core.snapshot import NodeSnapshot
+from agent.core.types import AdmissionRequest, AdmitResult, BatchResult, Device
 from agent.learning.learner import NodeLearning
 from agent.node.service import NodeService
 

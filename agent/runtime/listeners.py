@@ -13,8 +13,8 @@ from agent.api.identity import Identify, TcpIdentify, local, observers_of
 from agent.api.ports import ClaimAnswers, EventFeed, NodeApi
 from agent.api.server import GrpcServer
 from agent.config import filewatch
+from agent.config.api import ApiSettings
 from agent.config.filewatch import Stamp
-from agent.config.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 

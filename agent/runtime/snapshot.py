@@ -7,14 +7,9 @@ from dataclasses import dataclass
 
 from agent.control.loops import ControlLoops
 from agent.control.readiness import ineffective_ratio
-from agent.core.types import (
-    AdmissionStats,
-    Device,
-    DeviceLedger,
-    GoneDevice,
-    MpsDaemonState,
-    NodeSnapshot,
-)
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.snapshot import AdmissionStats, DeviceLedger, GoneDevice, NodeSnapshot
+from agent.core.types import Device
 from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.learning.learner import NodeLearning

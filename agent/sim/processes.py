@@ -20,7 +20,8 @@ from typing import BinaryIO
 
 from agent.core.errors import UnitError
 from agent.core.identity import marker_from_chunks
-from agent.core.types import Device, GpuProcess, MpsDaemonState
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import Device, GpuProcess
 from agent.core.units import MIB, parse_bytes
 from agent.gpu.fake import FakeGpuBackend
 from agent.mps.fake_users import CLIENT_MEMORY_FILE, parse_client_memory

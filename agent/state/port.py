@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
+from agent.core.learning import HistoryRow
 from agent.core.lease import Lease
-from agent.core.types import Event, HistoryRow
+from agent.core.types import Event
 
 
 class RequestRecord(NamedTuple):

@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from agent.core.errors import StateError
+from agent.core.learning import HistoryRow
 from agent.core.lease import Lease
-from agent.core.types import Event, HistoryRow
+from agent.core.types import Event
 from agent.state.port import AllocationRecord, RequestRecord, RunRecordRow
 from agent.state.rows import (
     ALLOCATION_COLUMNS,

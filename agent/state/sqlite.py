@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.errors import StateError
+from agent.core.learning import HistoryRow
 from agent.core.lease import Lease
-from agent.core.types import Event, HistoryRow
+from agent.core.types import Event
 from agent.state.migrations import migrate
 from agent.state.port import (
     RUN_RECORDS_KEPT,

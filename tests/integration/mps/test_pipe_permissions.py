@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.types import MpsDaemonState
+from agent.core.mpsstate import MpsDaemonState
 from tests.helpers import short_dir
 from tests.integration.mps.harness import (
     BINARIES,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from agent.admission.policy import Rules
 from agent.core.errors import StateError
-from agent.core.types import AdmissionRequest, Device, MpsDaemonState, PriorityClass
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import AdmissionRequest, Device, PriorityClass
 from agent.core.units import GIB
 from agent.node.events import EventLog
 from agent.node.service import NodeService

@@ -13,7 +13,8 @@ import pytest
 from agent.admission.policy import Rules
 from agent.core.errors import ConflictError, StateError
 from agent.core.lease import LeaseState
-from agent.core.types import AdmissionRequest, Device, MpsDaemonState, PriorityClass, ReasonCode
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import AdmissionRequest, Device, PriorityClass, ReasonCode
 from agent.core.units import GIB
 from agent.node.events import EventLog
 from agent.node.service import NodeService

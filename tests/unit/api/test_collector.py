@@ -3,7 +3,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.collector import AgentCollector, TelemetryStats
-from agent.core.types import Device, MpsDaemonState, MpsServerState, NodeSnapshot, Sample
+from agent.core.mpsstate import MpsDaemonState, MpsServerState
+from agent.core.samples import Sample
+from agent.core.snapshot import NodeSnapshot
+from agent.core.types import Device
 
 
 def scrape(snapshot: NodeSnapshot, stats: TelemetryStats, now: float) -> dict[str, list]:
@@ -65,7 +68,7 @@ def test_families_follow_the_live_state() -> None:
 
 
 def test_pipe_permission_violations_are_a_counter_per_device() -> None:
-    from agent.core.types import MpsDaemonState
+    from agent.core.mpsstate import MpsDaemonState
 
     snapshot = NodeSnapshot(
         node_name="n1",

@@ -5,7 +5,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api.collector import AgentCollector, TelemetryStats
-from agent.core.types import NodeSnapshot
+from agent.core.snapshot import NodeSnapshot
 
 
 def mismatches(snapshot: NodeSnapshot) -> list[tuple[str, float]]:

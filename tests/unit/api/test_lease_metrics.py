@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.api.collector import AgentCollector, TelemetryStats
 from agent.api.lease_metrics import LeaseRow, lease_rows, split_pod
 from agent.core.lease import Lease, LeaseState
-from agent.core.types import Device, NodeSnapshot, PriorityClass
+from agent.core.snapshot import NodeSnapshot
+from agent.core.types import Device, PriorityClass
 from agent.core.units import GIB
 
 DEVICE = Device("GPU-a", 0, "H100", 80 * GIB)

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from agent.api import convert
 from agent.api.proto import agent_pb2 as pb
 from agent.cli import main
-from agent.core.types import Device, NodeSnapshot, SharingMode
+from agent.core.snapshot import NodeSnapshot
+from agent.core.types import Device, SharingMode
 from agent.core.units import GIB
 
 EXCLUSIVE = Device("GPU-aaaa", 0, "H100", 80 * GIB, SharingMode.EXCLUSIVE)

@@ -1,7 +1,8 @@
 import pytest
 
 from agent.core.errors import ValidationError
-from agent.core.types import Decision, Device, Event, PriorityClass, ReasonCode, Sample
+from agent.core.samples import Sample
+from agent.core.types import Decision, Device, Event, PriorityClass, ReasonCode
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 import pytest
 
-from agent.core.types import Device, Sample
+from agent.core.samples import Sample
+from agent.core.types import Device
 from agent.core.units import GIB, MIB
 from agent.gpu.dcgm import load_reader_class, samples_from_dcgm
 from agent.gpu.fields import CANONICAL, DCGM_FIELDS, from_dcgm_ids, is_blank

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from agent.core.lease import CLAIM_OWNER, Lease, LeaseState
-from agent.core.types import MpsDaemonState, MpsServerState, PriorityClass
+from agent.core.mpsstate import MpsDaemonState, MpsServerState
+from agent.core.types import PriorityClass
 from agent.core.units import GIB
 from agent.mps.stale import (
     ActionKind,

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from agent.core.types import Device, MpsDaemonState, ReasonCode, SharingMode
+from agent.core.mpsstate import MpsDaemonState
+from agent.core.types import Device, ReasonCode, SharingMode
 from agent.core.units import GIB
 from agent.node.availability import Availability
 from agent.node.events import EventLog

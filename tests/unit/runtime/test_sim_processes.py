@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.types import GpuProcess, MpsDaemonState, MpsServerState
+from agent.core.mpsstate import MpsDaemonState, MpsServerState
+from agent.core.types import GpuProcess
 from agent.core.units import GIB
 from agent.node.events import EventLog
 from agent.runtime.wiring import build_ports

@@ -7,7 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from agent.core.types import GpuProcess, MpsDaemonState, MpsServerState
+from agent.core.mpsstate import MpsDaemonState, MpsServerState
+from agent.core.types import GpuProcess
 from agent.core.units import GIB, MIB
 from agent.mps.fake_users import CLIENT_MEMORY_FILE
 from agent.sim.node import SimNodeSpec
