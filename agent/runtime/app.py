@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -31,7 +32,6 @@ from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.learning.learned import adopt_learned
 from agent.learning.learner import NodeLearning, start_learning
-from agent.legacy.deviceplugin import start as kubelet
 from agent.node.events import EventLog
 from agent.node.service import NodeService
 from agent.runtime import checks, effective, listeners, signals, snapshot
@@ -53,6 +53,9 @@ from agent.runtime.wiring import (
 )
 from agent.state.port import Retention
 from agent.state.sqlite import SqliteStateStore
+
+if TYPE_CHECKING:  # the legacy path, fenced: imported when kubelet.enabled (see start)
+    from agent.legacy.deviceplugin.start import KubeletPlugins
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ class App:
         self.node: NodeService | None = None
         self.control: ControlLoops | None = None
         self.learning: NodeLearning | None = None
-        self.device_plugin: kubelet.KubeletPlugins | None = None
+        self.device_plugin: KubeletPlugins | None = None
         self.dra: drastart.DraDriver | None = None
         self.sampler: Sampler | None = None
         self.telemetry: TelemetrySource | None = None
@@ -281,9 +284,12 @@ class App:
         )
         await self.node.load()
         mps = self.ports.mps
-        self.device_plugin = await kubelet.start_device_plugin(
-            self.settings, self.node, self.events, store=self.store, clock=self.clock, shm=mps
-        )
+        if self.settings.kubelet.enabled:  # the legacy path: its fence is loaded only then
+            from agent.legacy.deviceplugin.start import start_device_plugin
+
+            self.device_plugin = await start_device_plugin(
+                self.settings, self.node, self.events, store=self.store, clock=self.clock, shm=mps
+            )
         self.dra = await drastart.start_dra_driver(
             self.settings,
             self.node,
