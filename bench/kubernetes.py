@@ -94,7 +94,7 @@ sys.path.insert(0, str(REPO))
 
 from agent.admission.policy import Rules  # noqa: E402
 from agent.client import AgentClient, Priority  # noqa: E402
-from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
+from agent.legacy.cluster.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDULER_NAME  # noqa: E402
 from bench.cpu import cpu_by_part, ms_per  # noqa: E402
 from bench.faults import Chaos, end_watches, restart_later  # noqa: E402
 from bench.kube_scheduler_proc import RemoteScheduler  # noqa: E402

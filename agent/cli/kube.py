@@ -143,8 +143,8 @@ def kube_serve(**options: Any) -> None:
     account is there, 1 when a part fails at run time.
     """
     from agent.cli.logs import setup_logging
-    from agent.kube.binder import BindOptions
-    from agent.kube.service import ClusterOptions
+    from agent.legacy.cluster.binder import BindOptions
+    from agent.legacy.cluster.service import ClusterOptions
 
     setup_logging(level=options["log_level"], fmt="text")
     _check_pairs(options)
@@ -185,7 +185,7 @@ def _check_pairs(options: dict[str, Any]) -> None:
 
 
 async def _serve(options: dict[str, Any], cluster: Any) -> None:
-    from agent.kube.service import ClusterSide
+    from agent.legacy.cluster.service import ClusterSide
 
     api = api_from(options)
     side = ClusterSide(api, cluster)
@@ -233,7 +233,7 @@ def kube_release_finalizers(**options: Any) -> None:
 
 async def _release_finalizers(api: Any, *, dry_run: bool) -> int:
     """Drop the finalizer everywhere; how many pods kept it."""
-    from agent.kube.finalizer import drop_finalizer, holds_finalizer
+    from agent.legacy.cluster.finalizer import drop_finalizer, holds_finalizer
 
     async with api:
         pods = [p for p in (await api.list_pods()).items if holds_finalizer(p)]

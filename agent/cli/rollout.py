@@ -15,7 +15,7 @@ from agent.cli import exits
 from agent.cli.common import CONTEXT, fail
 from agent.cli.options import API_PROBLEM, api_problem, api_server_options, seconds_option
 from agent.core.errors import ConfigError, GpushareError
-from agent.kube.rollout import RolloutRefused
+from agent.kubeapi.rollout import RolloutRefused
 
 
 def _target(_ctx: click.Context, param: click.Parameter, value: str | None) -> str:
@@ -68,7 +68,7 @@ def kube_wait_rollout(target: str, **options: Any) -> None:
 
 
 async def _wait(name: str, options: dict[str, Any]) -> bool:
-    from agent.kube.rollout import delete_first, wait_rollout
+    from agent.kubeapi.rollout import delete_first, wait_rollout
 
     namespace = options["namespace"]
     async with _api(options) as api:

@@ -51,19 +51,6 @@ LEASE_ID_PATTERN = r"l-[A-Za-z0-9_-]{16}"  # "l-" and 12 random bytes, URL-safe 
 ENDED_REQUEST_ID_HINT = "use a new request id"
 
 
-def pod_request_id(uid: str, attempt: int = 0) -> str:
-    """The request id of a Kubernetes pod's ``attempt``-th lease: its UID, then
-    ``<uid>/<n>``. A pod whose lease ended before it was bound (a failed bind gave it back,
-    its gang was aborted) needs a new request id: the agent never reuses the id of an
-    ended lease."""
-    return uid if attempt == 0 else f"{uid}/{attempt}"
-
-
-def pod_uid_of(request_id: str) -> str:
-    """The pod UID a request id was made from (:func:`pod_request_id`)."""
-    return request_id.partition("/")[0]
-
-
 def new_lease_id() -> str:
     """A fresh lease id (unguessable: a lease id is what Release names)."""
     return "l-" + secrets.token_urlsafe(12)

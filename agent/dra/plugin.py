@@ -27,7 +27,7 @@ from agent.core.logsafe import escaped
 from agent.dra.proto import registration_pb2 as reg_pb
 from agent.dra.proto import registration_pb2_grpc as reg_grpc
 from agent.dra.service import DraService, add_servicer, add_services
-from agent.kubelet.plugin import FileId, file_id, remove_stale_socket
+from agent.kubelet.sockets import FileId, file_id, remove_stale_socket
 
 log = logging.getLogger(__name__)
 

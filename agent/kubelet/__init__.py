@@ -1,2 +1,3 @@
-"""Kubernetes, node side: the kubelet device-plugin API (``gpushare.io/share``) served by
-the agent, and the kubelet PodResources API it checks allocations against."""
+"""What every kubelet plugin of the agent shares (the DRA driver's and, behind the legacy
+fence, the device plugin's): its socket's lifecycle and the compiler of the kubelet's
+protos. Knows nothing of leases."""

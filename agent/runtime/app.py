@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -32,7 +33,6 @@ from agent.gpu.port import TelemetrySource
 from agent.gpu.sampler import Sampler
 from agent.learning.learned import adopt_learned
 from agent.learning.learner import NodeLearning, start_learning
-from agent.legacy.deviceplugin.start import KubeletPlugins, start_device_plugin
 from agent.node.events import EventLog
 from agent.node.service import NodeService
 from agent.runtime import checks, effective, listeners, signals, snapshot
@@ -54,6 +54,9 @@ from agent.runtime.wiring import (
 )
 from agent.state.port import Retention
 from agent.state.sqlite import SqliteStateStore
+
+if TYPE_CHECKING:  # the legacy path, fenced: imported when kubelet.enabled (see start)
+    from agent.legacy.deviceplugin.start import KubeletPlugins
 
 log = logging.getLogger(__name__)
 
@@ -282,9 +285,12 @@ class App:
         )
         await self.node.load()
         mps = self.ports.mps
-        self.device_plugin = await start_device_plugin(
-            self.settings, self.node, self.events, store=self.store, clock=self.clock, shm=mps
-        )
+        if self.settings.kubelet.enabled:  # the legacy path: its fence is loaded only then
+            from agent.legacy.deviceplugin.start import start_device_plugin
+
+            self.device_plugin = await start_device_plugin(
+                self.settings, self.node, self.events, store=self.store, clock=self.clock, shm=mps
+            )
         self.dra = await start_dra_driver(
             self.settings,
             self.node,

@@ -35,7 +35,6 @@ from agent.node.service import NodeService, ReadinessPredictor
 from agent.runtime import checks
 from agent.sim.contention import Load, device_counters
 from agent.sim.processes import SimGpuBackend
-from agent.state.port import StateStore
 from agent.state.sqlite import SqliteStateStore
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,9 @@ class Ports:
     mps: MpsManager
     telemetry: list[TelemetrySource]  # candidates, in order of preference
     simulated: bool
-    store: StateStore | None = None  # None: the SQLite store at settings.state_db_path
+    # None: the SQLite store at settings.state_db_path. The SQLite store, for it is also the
+    # legacy device plugin's (AllocationStore, beside the StateStore port).
+    store: SqliteStateStore | None = None
 
 
 def build_gpu(settings: Settings) -> GpuBackend:

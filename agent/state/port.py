@@ -1,11 +1,11 @@
-"""Port of the state domain: the durable store of leases, request ids, events and the
-kubelet device plugin's allocations."""
+"""Port of the state domain: the durable store of leases, request ids, events and run
+records (and the rows of the legacy device plugin's allocations, whose meaning its own
+package keeps: ``agent.legacy.deviceplugin.records``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from agent.core.learning import HistoryRow
@@ -26,26 +26,18 @@ class RequestRecord(NamedTuple):
     at: float
 
 
-class AllocationKind(StrEnum):
-    """What an :class:`AllocationRecord` says happened."""
+class AllocationRow(NamedTuple):
+    """A row of the ``allocations`` table, in the order they happened. The legacy device
+    plugin writes and reads them through a port of its own (``AllocationStore``, which
+    the SQLite store implements) and keeps what they mean
+    (``agent.legacy.deviceplugin.records``); the store keeps them with their lease and,
+    of their kinds, knows only the two its pruner needs (see :mod:`agent.state.rows`)."""
 
-    GRANTED = "granted"  # a pod lease granted again to its binder: its hold starts again
-    ALLOCATED = "allocated"  # the lease handed out: to the share units, or by NRI (no units)
-    DEFERRED = "deferred"  # the units answered with the NRI marker: no lease yet
-    CHECKED = "checked"  # PreStartContainer found the lease's units with its own pod
-
-
-class AllocationRecord(NamedTuple):
-    """One fact of the kubelet device plugin, in the order they happened: which lease went
-    to which share units (the kubelet's device ids, sorted), when a pod lease was granted
-    again, which pod was found holding the units. Written before the kubelet (or the
-    binder) hears back; read back at start."""
-
-    kind: AllocationKind
+    kind: str
     at: float
     lease_id: str = ""
     units: tuple[str, ...] = ()
-    pod: str = ""  # "<namespace>/<name>", once known
+    pod: str = ""
 
 
 class RunRecordRow(NamedTuple):
@@ -68,7 +60,7 @@ class WriteBatch:
     ``on_durable`` runs on the event loop once the batch is on disk, before its events are
     published and before the caller hears back; it is how the ledger applies a change
     exactly when it becomes true. A failed write runs nothing and numbers nothing.
-    ``allocations`` are the kubelet device plugin's records, written in the same
+    ``allocations`` are rows of the legacy device plugin's records, written in the same
     transaction.
     """
 
@@ -76,7 +68,7 @@ class WriteBatch:
     events: Sequence[Event] = ()
     requests: Sequence[RequestRecord] = ()
     on_durable: Callable[[Sequence[Event]], None] | None = None
-    allocations: Sequence[AllocationRecord] = ()
+    allocations: Sequence[AllocationRow] = ()
     numbered: list[Event] = field(default_factory=list)
 
 
@@ -104,7 +96,7 @@ class Pruned:
 
 
 class StateStore(Protocol):
-    """Leases, request ids, events and allocation records on disk. ``commit`` returns once
+    """Leases, request ids and events on disk. ``commit`` returns once
     they are durable (fsync'd); concurrent commits share one sync (group commit). Reads
     that can be large (event catch-up, lookups of old ids) use a connection of their own,
     never the writer's thread."""
@@ -139,10 +131,6 @@ class StateStore(Protocol):
     async def set_drained(self, device_uuid: str, reason: str | None, *, at: float) -> None: ...
 
     async def drained(self) -> dict[str, str]: ...
-
-    async def allocation_records(self) -> list[AllocationRecord]:
-        """Every allocation record kept, oldest first (read in pages)."""
-        ...
 
     async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
         """Leases that ended (oldest first): the readiness predictor's training rows."""

@@ -18,7 +18,7 @@ from agent.core.errors import StateError
 from agent.core.learning import HistoryRow
 from agent.core.lease import Lease
 from agent.core.types import Event
-from agent.state.port import AllocationRecord, RequestRecord, RunRecordRow
+from agent.state.port import AllocationRow, RequestRecord, RunRecordRow
 from agent.state.rows import (
     ALLOCATION_COLUMNS,
     EVENT_COLUMNS,
@@ -138,10 +138,10 @@ class SqliteReader:
             f"{LEASE_SELECT} WHERE state IN ({marks})", LIVE_STATES, lease_from_row
         )
 
-    async def allocation_records(self) -> list[AllocationRecord]:
+    async def allocation_records(self) -> list[AllocationRow]:
         """Every allocation record, oldest first, a page at a time (the table holds the
         records of live leases, and the last deferral of units to NRI)."""
-        records: list[AllocationRecord] = []
+        records: list[AllocationRow] = []
         last = 0
         while True:
             rows = await self.query(

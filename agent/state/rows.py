@@ -7,7 +7,7 @@ from typing import Any
 
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import Event, PriorityClass
-from agent.state.port import AllocationKind, AllocationRecord, RequestRecord
+from agent.state.port import AllocationRow, RequestRecord
 
 LEASE_COLUMNS = (
     "lease_id",
@@ -52,6 +52,11 @@ REQUEST_COLUMNS = "tenant, request_id, fingerprint, canonical, lease_id, at"
 REQUEST_INSERT = f"INSERT OR REPLACE INTO requests ({REQUEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
 ALLOCATION_COLUMNS = "kind, at, lease_id, units, pod"
 ALLOCATION_INSERT = f"INSERT INTO allocations ({ALLOCATION_COLUMNS}) VALUES (?, ?, ?, ?, ?)"
+# The two kinds of allocation rows the pruner tells apart (the device plugin's records say
+# what each kind means): units answered without a lease yet (NRI's marker), and a lease
+# handed out (after which the units' deferral is gone).
+ALLOCATION_DEFERRED = "deferred"
+ALLOCATION_HANDED = "allocated"
 RUN_RECORD_INSERT = "INSERT INTO run_records (at, family, record) VALUES (?, ?, ?)"
 RUN_RECORD_TRIM = (  # all but the newest ?
     "DELETE FROM run_records WHERE seq IN (SELECT seq FROM run_records ORDER BY seq DESC "
@@ -146,11 +151,11 @@ def request_from_row(r: tuple[Any, ...]) -> RequestRecord:
     return RequestRecord(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5]))
 
 
-def allocation_row(record: AllocationRecord) -> tuple[Any, ...]:
-    units = json.dumps(sorted(record.units))
-    return (record.kind.value, record.at, record.lease_id, units, record.pod)
+def allocation_row(record: AllocationRow) -> tuple[Any, ...]:
+    kind, at, lease_id, units, pod = record
+    return (str(kind), at, lease_id, json.dumps(sorted(units)), pod)
 
 
-def allocation_from_row(r: tuple[Any, ...]) -> AllocationRecord:
+def allocation_from_row(r: tuple[Any, ...]) -> AllocationRow:
     units = tuple(str(u) for u in json.loads(r[3]))
-    return AllocationRecord(AllocationKind(r[0]), float(r[1]), str(r[2]), units, str(r[4]))
+    return AllocationRow(str(r[0]), float(r[1]), str(r[2]), units, str(r[4]))

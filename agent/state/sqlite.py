@@ -8,9 +8,10 @@ each part's ``on_durable`` (the ledger applies the change), hands the batch's ev
 back, and no event is seen, before its rows are on disk; a failed write publishes nothing,
 reuses its numbers, fails every caller of that batch with :class:`StateError` and marks the
 store unwritable until a write succeeds again. Reads go through :class:`SqliteReader`, on a
-connection and a thread of their own. The kubelet device plugin's allocation records take
-the same path (and the same transaction as whatever else their batch holds); the pruner
-drops them once their lease has ended.
+connection and a thread of their own. The legacy device plugin's allocation records (rows
+of its own port, ``agent.legacy.deviceplugin.records.AllocationStore``) take the same path
+(and the same transaction as whatever else their batch holds); the pruner drops them once
+their lease has ended.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from agent.core.types import Event
 from agent.state.migrations import migrate
 from agent.state.port import (
     RUN_RECORDS_KEPT,
-    AllocationKind,
-    AllocationRecord,
+    AllocationRow,
     Pruned,
     RequestRecord,
     Retention,
@@ -42,6 +42,8 @@ from agent.state.port import (
 )
 from agent.state.reader import SqliteReader
 from agent.state.rows import (
+    ALLOCATION_DEFERRED,
+    ALLOCATION_HANDED,
     ALLOCATION_INSERT,
     ENDED_STATES,
     EVENT_INSERT,
@@ -285,7 +287,7 @@ class SqliteStateStore:
         leases go: a deferral must not outlive what replaced it), or beyond the newest
         ``max_deferred``; then the records of leases no longer live (inside the caller's
         transaction)."""
-        kind, allocated = AllocationKind.DEFERRED.value, AllocationKind.ALLOCATED.value
+        kind, allocated = ALLOCATION_DEFERRED, ALLOCATION_HANDED
         superseded = db.execute(
             "DELETE FROM allocations WHERE kind = ? AND EXISTS (SELECT 1 FROM allocations "
             "AS later WHERE later.units = allocations.units AND later.seq > allocations.seq "
@@ -384,7 +386,8 @@ class SqliteStateStore:
     async def history(self, *, since: float = 0.0, limit: int = 1_000_000) -> list[HistoryRow]:
         return await self._reader.history(since=since, limit=limit)
 
-    async def allocation_records(self) -> list[AllocationRecord]:
+    async def allocation_records(self) -> list[AllocationRow]:
+        """The legacy device plugin's records (its ``AllocationStore`` port), oldest first."""
         return await self._reader.allocation_records()
 
     async def drained(self) -> dict[str, str]:

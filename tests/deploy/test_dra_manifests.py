@@ -17,9 +17,9 @@ import yaml
 
 from agent.config.loading import env_name, load_settings, setting_fields
 from agent.dra.port import DRIVER_NAME
-from agent.kube.annotations import PREFIX, wants_share
 from agent.kubeapi.connection import SERVICE_ACCOUNT
 from agent.kubeapi.port import ResourceApi
+from agent.legacy.cluster.annotations import PREFIX, wants_share
 from tests.deploy.test_kube_manifests import json_patch, rest_calls
 from tests.helpers import REPO
 

@@ -33,9 +33,9 @@ import pytest
 
 from agent.dracontrol.agents import AgentsOptions
 from agent.dracontrol.agents import connector as controller_connector
-from agent.kube.service import ClusterOptions
-from agent.kube.service import connector as scheduler_connector
-from agent.kube.webhook import serve_webhook
+from agent.legacy.cluster.service import ClusterOptions
+from agent.legacy.cluster.service import connector as scheduler_connector
+from agent.legacy.cluster.webhook import serve_webhook
 from agent.runtime.app import App
 from tests.deploy.test_chart import find, objects
 from tests.helpers import fake_ports, running_app, short_dir, sim_settings

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.kube.agents import GRPC_PORT_NAME
-from agent.kube.annotations import FINALIZER, RESOURCE, SCHEDULER_NAME, parse_ask
-from agent.kube.podrules import check_new_pod
-from agent.kube.webhook import build_webhook_app, mutation
+from agent.legacy.cluster.agents import GRPC_PORT_NAME
+from agent.legacy.cluster.annotations import FINALIZER, RESOURCE, SCHEDULER_NAME, parse_ask
+from agent.legacy.cluster.podrules import check_new_pod
+from agent.legacy.cluster.webhook import build_webhook_app, mutation
 from tests.helpers import REPO
 
 DEPLOY = REPO / "deploy"
@@ -64,7 +64,7 @@ KUBE_SERVE_OPTIONS = {
     "--leader-elect-retry-period-s",
 }  # fmt: skip
 
-# The kubernetes_asyncio calls of agent/kube/rest.py -> (API group, resource, verb).
+# The kubernetes_asyncio calls of agent/legacy/cluster/rest.py -> (API group, resource, verb).
 CALLS = {
     "read_namespaced_pod": ("", "pods", "get"),
     "list_pod_for_all_namespaces": ("", "pods", "list"),  # "watch" with watch=True
@@ -232,7 +232,7 @@ def test_the_scheduler_configuration_names_gpushare_and_its_extender() -> None:
 
 
 def test_the_extender_and_webhook_serve_the_paths_the_manifests_name() -> None:
-    from agent.kube.extender import build_extender_app
+    from agent.legacy.cluster.extender import build_extender_app
 
     def routes(app: Any) -> set[tuple[str, str]]:
         return {(r.method, r.resource.canonical) for r in app.router.routes()}

@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 
 from agent.core.podusers import FIX, claim_users, users_of
-from agent.kube.annotations import share_request
+from agent.legacy.cluster.annotations import share_request
 from tests.deploy.cel import Policy, documents, label_selector_selects, namespace, policies
 from tests.deploy.test_chart import DRA_VERSIONS, objects
 from tests.deploy.test_one_gpu_policy import ONE_GPU_POLICIES

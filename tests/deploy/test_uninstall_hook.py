@@ -22,8 +22,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.kube.annotations import FINALIZER
 from agent.kubeapi.connection import SERVICE_ACCOUNT
+from agent.legacy.cluster.annotations import FINALIZER
 from tests.deploy.job_pod import JobPod
 from tests.deploy.test_chart import RENDER
 from tests.helpers import REPO, subprocess_env

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from agent.config.loading import load_settings
-from agent.kube.annotations import FINALIZER
+from agent.legacy.cluster.annotations import FINALIZER
 from agent.runtime.lock import InstanceLock
 from tests.deploy.job_pod import JobPod
 from tests.deploy.test_chart import DRA_VERSIONS, EXTENDER_VERSIONS, RENDER, pod_of

@@ -21,7 +21,7 @@ import pytest
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.client import tls_credentials
-from agent.kube.service import ClusterOptions, connector
+from agent.legacy.cluster.service import ClusterOptions, connector
 from tests.certs import Pki, make_pki, make_token
 from tests.helpers import short_dir, spawn_agent
 

@@ -14,9 +14,9 @@ from agent.core.errors import UnitError, ValidationError
 from agent.core.podusers import FIX
 from agent.core.types import PriorityClass
 from agent.core.units import GIB, MIB
-from agent.kube import annotations as a
-from agent.kube import bounded
-from agent.kube.annotations import AnnotationError, parse_ask, parse_quantity, wants_share
+from agent.legacy.cluster import annotations as a
+from agent.legacy.cluster import bounded
+from agent.legacy.cluster.annotations import AnnotationError, parse_ask, parse_quantity, wants_share
 
 NS = "team-a"
 UID = "6f1c1b0e-4c1a-4a52-9f7e-3d2a1b0c9e8f"

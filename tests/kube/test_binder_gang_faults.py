@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.kube.binder import Binder, BindOptions
+from agent.legacy.cluster.binder import Binder, BindOptions
 from tests.kube.test_binder_outcomes import BINDING, NS, World, world
 
 pytestmark = pytest.mark.timeout(90)

@@ -27,15 +27,15 @@ from aiohttp import web
 from agent.admission.policy import Rules
 from agent.api.proto import agent_pb2 as pb
 from agent.client import AgentClient
-from agent.kube.binder import Binder, BindOptions
-from agent.kube.binding import Outcome, binding_outcome, refused
-from agent.kube.cache import AgentCache
-from agent.kube.controller import LeaseController
-from agent.kube.extender import Extender, build_extender_app
-from agent.kube.line import Line
 from agent.kubeapi.port import Conflict, Gone, KubeError, NotFound, Unanswered
 from agent.kubeapi.rest import RestKubeApi
-from agent.kubelet.port import LEASE_ANNOTATION
+from agent.legacy.cluster.binder import Binder, BindOptions
+from agent.legacy.cluster.binding import Outcome, binding_outcome, refused
+from agent.legacy.cluster.cache import AgentCache
+from agent.legacy.cluster.controller import LeaseController
+from agent.legacy.cluster.extender import Extender, build_extender_app
+from agent.legacy.cluster.line import Line
+from agent.legacy.podleases import LEASE_ANNOTATION
 from agent.runtime.app import App, Ports
 from tests.certs import make_token
 from tests.helpers import fake_ports, running_app, sim_settings

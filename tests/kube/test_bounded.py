@@ -1,4 +1,4 @@
-"""What reading a caller's text costs the cluster side (:mod:`agent.kube.bounded`): the
+"""What reading a caller's text costs the cluster side (:mod:`agent.legacy.cluster.bounded`): the
 costliest texts within each reader's limits, timed.
 
 * ``gpushare.io/sizing``: any value of at most its 1024 characters is read, or refused,
@@ -27,10 +27,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from agent.kube.annotations import MAX_SIZING
-from agent.kube.bounded import MAX_DIGITS, Unreadable, load_json, load_yaml
-from agent.kube.extender import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_ARGS_VALUES
-from agent.kube.sizing_annotation import SizingError, parse_sizing
+from agent.legacy.cluster.annotations import MAX_SIZING
+from agent.legacy.cluster.bounded import MAX_DIGITS, Unreadable, load_json, load_yaml
+from agent.legacy.cluster.extender import MAX_ARGS_BYTES, MAX_ARGS_DEPTH, MAX_ARGS_VALUES
+from agent.legacy.cluster.sizing_annotation import SizingError, parse_sizing
 
 MAX_SIZING_CPU_S = 0.020
 MAX_READ_CPU_S = 0.100
@@ -247,7 +247,7 @@ def test_the_extenders_limits_are_what_kube_scheduler_sends() -> None:
 def test_the_webhooks_limits_are_within_those_measured() -> None:
     """The costliest bodies above are built to the extender's limits: the webhook's may be
     no larger, so that they hold for its reviews too."""
-    from agent.kube.webhook import MAX_REVIEW_BYTES, MAX_REVIEW_DEPTH, MAX_REVIEW_VALUES
+    from agent.legacy.cluster.webhook import MAX_REVIEW_BYTES, MAX_REVIEW_DEPTH, MAX_REVIEW_VALUES
 
     assert MAX_REVIEW_BYTES <= MAX_ARGS_BYTES
     assert MAX_REVIEW_VALUES <= MAX_ARGS_VALUES

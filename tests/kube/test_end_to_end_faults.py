@@ -141,7 +141,7 @@ async def test_a_binding_that_landed_despite_its_answer_runs_under_its_lease(
 async def test_a_pod_watch_expired_with_410_is_listed_again_and_nothing_is_missed(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.kube.controller")
+    caplog.set_level(logging.INFO, logger="agent.legacy.cluster.controller")
     async with loopback_cluster(root, nodes=2) as (c, _):
         await c.apply(gpu_pod("short"))
         await eventually(lambda: running(c, "team-a", "short"))

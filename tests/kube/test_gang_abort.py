@@ -16,9 +16,9 @@ import pytest
 from agent.api.proto import agent_pb2 as pb
 from agent.api.proto import agent_pb2_grpc as pb_grpc
 from agent.client.client import AgentClient
-from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.gangs import Gang, Gangs
-from agent.kube.line import Lines
+from agent.legacy.cluster.cache import AgentCache, NodeEntry
+from agent.legacy.cluster.gangs import Gang, Gangs
+from agent.legacy.cluster.line import Lines
 
 NODE = "gpu-node-1"
 DETAILS = "gang team-a/job-42 is unknown\nERROR forged line\x1b[2J"
@@ -53,9 +53,9 @@ async def test_a_refused_abort_is_one_escaped_line(
     gang = Gang("team-a/job-42", 2, time.monotonic() + 30.0, members={"u-1": (NODE, lease)})
     async with AgentClient(agent_target, attempts=1) as link:
         cache.nodes[NODE] = NodeEntry(NODE, agent_target, link=link, error="")
-        with caplog.at_level(logging.WARNING, logger="agent.kube.gangs"):
+        with caplog.at_level(logging.WARNING, logger="agent.legacy.cluster.gangs"):
             await gangs.abort(gang)
-    [record] = [r for r in caplog.records if r.name == "agent.kube.gangs"]
+    [record] = [r for r in caplog.records if r.name == "agent.legacy.cluster.gangs"]
     message = record.getMessage()
     assert record.levelno == logging.WARNING
     assert record.exc_info is None

@@ -53,12 +53,12 @@ from hypothesis import strategies as st
 from agent.admission.policy import Rules
 from agent.api.proto import agent_pb2 as pb
 from agent.core.units import GIB
-from agent.kube.agents import AgentLink
-from agent.kube.binder import Binder
-from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.extender import MAX_ARGS_BYTES, Extender, build_extender_app
-from agent.kube.webhook import build_webhook_app, tls_context
 from agent.kubeapi.rest import RestKubeApi
+from agent.legacy.cluster.agents import AgentLink
+from agent.legacy.cluster.binder import Binder
+from agent.legacy.cluster.cache import AgentCache, NodeEntry
+from agent.legacy.cluster.extender import MAX_ARGS_BYTES, Extender, build_extender_app
+from agent.legacy.cluster.webhook import build_webhook_app, tls_context
 from tests.certs import make_pki
 from tests.kube.apiserver import FakeApiServer
 

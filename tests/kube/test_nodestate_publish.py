@@ -19,9 +19,9 @@ import pytest
 from agent.admission.policy import Rules
 from agent.client import AgentClient, Priority
 from agent.core.units import GIB
-from agent.kube.cache import AgentCache
-from agent.kube.nodestate import CONDITION, READY_LABEL, publish_node_states
 from agent.kubeapi.rest import RestKubeApi
+from agent.legacy.cluster.cache import AgentCache
+from agent.legacy.cluster.nodestate import CONDITION, READY_LABEL, publish_node_states
 from tests.helpers import spawn_agent
 from tests.kube.apiserver import FakeApiServer
 

@@ -17,11 +17,11 @@ from agent.admission.policy import Rules
 from agent.api.proto import agent_pb2 as pb
 from agent.core.podusers import FIX
 from agent.core.units import GIB
-from agent.kube.agents import AgentLink
-from agent.kube.annotations import parse_ask
-from agent.kube.binder import Binder
-from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.extender import Extender, admission_of
+from agent.legacy.cluster.agents import AgentLink
+from agent.legacy.cluster.annotations import parse_ask
+from agent.legacy.cluster.binder import Binder
+from agent.legacy.cluster.cache import AgentCache, NodeEntry
+from agent.legacy.cluster.extender import Extender, admission_of
 from tests.kube.cluster import (
     LoopbackCluster,
     Refused,

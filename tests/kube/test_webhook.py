@@ -22,8 +22,8 @@ from aiohttp import web
 
 from agent.core.errors import ConfigError
 from agent.core.podusers import FIX
-from agent.kube.annotations import FINALIZER, SCHEDULER_NAME
-from agent.kube.webhook import MAX_REVIEW_BYTES, build_webhook_app, serve_webhook
+from agent.legacy.cluster.annotations import FINALIZER, SCHEDULER_NAME
+from agent.legacy.cluster.webhook import MAX_REVIEW_BYTES, build_webhook_app, serve_webhook
 from tests.certs import make_pki
 
 NS = "team-a"
@@ -826,12 +826,14 @@ async def test_a_refusal_is_one_escaped_log_line(
     webhook: Webhook, caplog: pytest.LogCaptureFixture
 ) -> None:
     pod = changed(security({"privileged": True}))
-    pod["metadata"]["name"] = "train\nINFO agent.kube.webhook: allowed CREATE of pod team-a/x"
+    pod["metadata"]["name"] = (
+        "train\nINFO agent.legacy.cluster.webhook: allowed CREATE of pod team-a/x"
+    )
     pod["metadata"]["namespace"] = "team-a\r\x1b[2K"
-    with caplog.at_level("INFO", logger="agent.kube.webhook"):
+    with caplog.at_level("INFO", logger="agent.legacy.cluster.webhook"):
         response = await webhook.admit("/validate", review(pod))
     assert response["allowed"] is False
-    [record] = [r for r in caplog.records if r.name == "agent.kube.webhook"]
+    [record] = [r for r in caplog.records if r.name == "agent.legacy.cluster.webhook"]
     line = record.getMessage()
     assert line.isprintable(), line
     assert "train\\nINFO" in line  # escaped, still readable

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.kubelet.plugin import DevicePluginServer
+from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginServer
 from tests.helpers import short_dir
 from tests.kubelet.fake_kubelet import FakeKubelet, eventually
 from tests.kubelet.recording import RecordingAllocator

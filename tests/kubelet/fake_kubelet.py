@@ -37,10 +37,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from agent.kubelet.proto import deviceplugin_pb2 as dp
-from agent.kubelet.proto import deviceplugin_pb2_grpc as dp_grpc
-from agent.kubelet.proto import podresources_pb2 as pr
-from agent.kubelet.proto import podresources_pb2_grpc as pr_grpc
+from agent.legacy.deviceplugin.kubelet.proto import deviceplugin_pb2 as dp
+from agent.legacy.deviceplugin.kubelet.proto import deviceplugin_pb2_grpc as dp_grpc
+from agent.legacy.deviceplugin.kubelet.proto import podresources_pb2 as pr
+from agent.legacy.deviceplugin.kubelet.proto import podresources_pb2_grpc as pr_grpc
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

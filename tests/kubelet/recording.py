@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.kubelet.port import AllocationRefused, ContainerAllocation, DeviceNode, Mount
+from agent.legacy.deviceplugin.kubelet.port import (
+    AllocationRefused,
+    ContainerAllocation,
+    DeviceNode,
+    Mount,
+)
 
 ANSWER = ContainerAllocation(
     envs={"CUDA_MPS_PIPE_DIRECTORY": "/run/gpushare/mps", "GPUSHARE_LEASE": "lease-1"},

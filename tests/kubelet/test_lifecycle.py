@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.kubelet.plugin import DevicePluginError, DevicePluginServer, file_id
+from agent.kubelet.sockets import file_id
+from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginError, DevicePluginServer
 from tests.kubelet.fake_kubelet import HEALTHY, UNHEALTHY, FakeKubelet, eventually
 from tests.kubelet.recording import RecordingAllocator
 
@@ -100,7 +101,7 @@ async def test_a_refused_registration_is_retried_and_logged(
 ) -> None:
     kubelet.refuse_registrations = 2
     plugin = quick(kubelet, allocator)
-    with caplog.at_level(logging.WARNING, logger="agent.kubelet"):
+    with caplog.at_level(logging.WARNING, logger="agent.legacy.deviceplugin.kubelet"):
         await plugin.start()  # does not raise
         try:
             assert not plugin.registered

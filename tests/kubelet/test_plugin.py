@@ -8,9 +8,9 @@ import asyncio
 import grpc
 import grpc.aio
 
-from agent.kubelet.plugin import DevicePluginServer
-from agent.kubelet.proto import deviceplugin_pb2 as dp
-from agent.kubelet.proto import deviceplugin_pb2_grpc as dp_grpc
+from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginServer
+from agent.legacy.deviceplugin.kubelet.proto import deviceplugin_pb2 as dp
+from agent.legacy.deviceplugin.kubelet.proto import deviceplugin_pb2_grpc as dp_grpc
 from tests.kubelet.fake_kubelet import HEALTHY, FakeKubelet
 from tests.kubelet.recording import RecordingAllocator
 

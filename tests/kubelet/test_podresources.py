@@ -6,8 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.kubelet.plugin import DevicePluginServer
-from agent.kubelet.podresources import AssignedDevices, PodResourcesClient, PodResourcesError
+from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginServer
+from agent.legacy.deviceplugin.kubelet.podresources import (
+    AssignedDevices,
+    PodResourcesClient,
+    PodResourcesError,
+)
 from tests.kubelet.fake_kubelet import FakeKubelet
 from tests.kubelet.recording import RecordingAllocator
 

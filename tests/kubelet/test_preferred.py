@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.kubelet.service import natural_key, preferred
+from agent.legacy.deviceplugin.kubelet.service import natural_key, preferred
 
 
 def test_ids_sort_by_their_numbers() -> None:

@@ -7,36 +7,38 @@ import importlib
 import tempfile
 from pathlib import Path
 
-from agent.kubelet.proto.generate import MODULES, generate
+from agent.legacy.deviceplugin.kubelet.proto.generate import MODULES, generate
 from tests.helpers import REPO
 
-PROTO_DIR = REPO / "agent" / "kubelet" / "proto"
+PROTO_DIR = REPO / "agent" / "legacy" / "deviceplugin" / "kubelet" / "proto"
 
 
 def test_generated_kubelet_grpc_code_is_up_to_date() -> None:
     with tempfile.TemporaryDirectory() as out:
         generate(REPO, Path(out))
-        fresh = Path(out) / "agent" / "kubelet" / "proto"
+        fresh = Path(out) / "agent" / "legacy" / "deviceplugin" / "kubelet" / "proto"
         assert sorted(p.name for p in fresh.iterdir()) == sorted(MODULES)
         for name in MODULES:
             checked_in = (PROTO_DIR / name).read_text()
             assert (fresh / name).read_text() == checked_in, (
-                f"{name} is stale: run python -m agent.kubelet.proto.generate"
+                f"{name} is stale: run python -m agent.legacy.deviceplugin.kubelet.proto.generate"
             )
 
 
 def test_generated_modules_import_by_package_name() -> None:
     for name in MODULES:
         if name.endswith(".py"):
-            module = importlib.import_module(f"agent.kubelet.proto.{name.removesuffix('.py')}")
-            assert module.__name__.startswith("agent.kubelet.proto.")
+            module = importlib.import_module(
+                f"agent.legacy.deviceplugin.kubelet.proto.{name.removesuffix('.py')}"
+            )
+            assert module.__name__.startswith("agent.legacy.deviceplugin.kubelet.proto.")
     grpc_sources = [(PROTO_DIR / n).read_text() for n in MODULES if n.endswith("_grpc.py")]
     for source in grpc_sources:
-        assert "from agent.kubelet.proto import " in source
+        assert "from agent.legacy.deviceplugin.kubelet.proto import " in source
 
 
 def test_services_have_the_kubelet_wire_names() -> None:
-    from agent.kubelet.proto import deviceplugin_pb2, podresources_pb2
+    from agent.legacy.deviceplugin.kubelet.proto import deviceplugin_pb2, podresources_pb2
 
     dp = deviceplugin_pb2.DESCRIPTOR
     pr = podresources_pb2.DESCRIPTOR

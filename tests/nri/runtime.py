@@ -1,8 +1,8 @@
 """A stand-in for the NRI side of a container runtime (containerd 2, CRI-O): it listens on
 the NRI socket, takes a plugin's RegisterPlugin, calls its Configure and Synchronize as
 the runtime does, checks the event mask, and calls CreateContainer when told to, in NRI's
-wire format (multiplexed ttrpc, :mod:`agent.nri.wire`). An adjustment is applied to the
-container's environment the way the runtime applies it."""
+wire format (multiplexed ttrpc, :mod:`agent.legacy.deviceplugin.nri.wire`). An adjustment
+is applied to the container's environment the way the runtime applies it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.nri.proto import nri_pb2 as pb
-from agent.nri.wire import (
+from agent.legacy.deviceplugin.nri.proto import nri_pb2 as pb
+from agent.legacy.deviceplugin.nri.wire import (
     MAX_MESSAGE,
     PLUGIN_CONN,
     RUNTIME_CONN,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
+from agent.legacy.deviceplugin.nri.wire import TtrpcError
 from agent.mps.fake import FakeMpsManager
-from agent.nri.wire import TtrpcError
 from agent.runtime.app import App, Ports
 from tests.helpers import running_app, sim_settings
 from tests.integration.api.test_pod_allocation import admit

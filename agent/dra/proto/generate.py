@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agent.kubelet.proto.generate import compile_protos
+from agent.kubelet.protoc import compile_protos
 
 PROTOS = (
     "agent/dra/proto/dra_v1.proto",

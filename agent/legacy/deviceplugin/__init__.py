@@ -1,2 +1,4 @@
-"""The legacy path's node side: the start of the kubelet device plugin and of the NRI
-plugin (:mod:`agent.kubelet`, :mod:`agent.nri`), and the pod allocations behind them."""
+"""The legacy path's node side: the kubelet's device-plugin and PodResources APIs
+(:mod:`.kubelet`), the NRI plugin (:mod:`.nri`), the pod allocations behind both
+(:mod:`.podalloc`, their durable records in :mod:`.records`) and their start
+(:mod:`.start`)."""

@@ -1,10 +1,10 @@
 """What the kubelet device plugin has handed out, as the fold of its durable records.
 
-Each fact (:class:`~agent.state.port.AllocationRecord`) is applied here only once it is
-on disk, and the same fold rebuilds the book from the store at start. So the book after a
-restart is the book before it: a lease handed to some share units is never handed to
-another pod, a hold that a repeated grant started again still runs from that grant, and
-units deferred to the NRI plugin are still known as such.
+Each fact (:class:`~agent.legacy.deviceplugin.records.AllocationRecord`) is applied here
+only once it is on disk, and the same fold rebuilds the book from the store at start. So
+the book after a restart is the book before it: a lease handed to some share units is
+never handed to another pod, a hold that a repeated grant started again still runs from
+that grant, and units deferred to the NRI plugin are still known as such.
 
 Leases being written (``hold``) count as handed out until their write settles, so two
 Allocate calls never pick the same lease, whatever happens to either caller meanwhile.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from agent.state.port import AllocationKind, AllocationRecord
+from agent.legacy.deviceplugin.records import AllocationKind, AllocationRecord
 
 DEFERRED = ""  # what the units' entry holds when they were answered with the NRI marker
 KEPT = 10_000  # entries kept per map before those of leases no longer live are dropped

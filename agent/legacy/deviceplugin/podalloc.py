@@ -40,15 +40,17 @@ from typing import Protocol
 
 from agent.config.kubelet import KubeletSettings
 from agent.core.errors import MpsError, StateError
-from agent.core.lease import Lease, LeaseState, pod_uid_of
+from agent.core.lease import Lease, LeaseState
 from agent.core.types import Event
-from agent.kubelet.port import LEASE_ANNOTATION, AllocationRefused, ContainerAllocation, Mount
 from agent.legacy.deviceplugin.allocations import KEPT, AllocationBook
+from agent.legacy.deviceplugin.kubelet.port import AllocationRefused, ContainerAllocation, Mount
+from agent.legacy.deviceplugin.nri.port import BindMount, Injection, InjectionRefused, PodRef
+from agent.legacy.deviceplugin.records import AllocationKind, AllocationRecord, AllocationStore
+from agent.legacy.podleases import LEASE_ANNOTATION, pod_uid_of
 from agent.mps.shmstate import sole_on_device
 from agent.node.events import EventLog
 from agent.node.service import NodeService
-from agent.nri.port import BindMount, Injection, InjectionRefused, PodRef
-from agent.state.port import AllocationKind, AllocationRecord, StateStore, WriteBatch
+from agent.state.port import WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,7 @@ class PodAllocator:
         events: EventLog,
         settings: KubeletSettings,
         *,
-        store: StateStore,
+        store: AllocationStore,
         pod_of_units: PodOfUnits,
         clock: Callable[[], float],
         shm: SharedMemory | None = None,
@@ -140,7 +142,7 @@ class PodAllocator:
 
     async def load(self) -> None:
         """Read the book back from the store: at start, before the kubelet can call."""
-        records = await self._store.allocation_records()
+        records = [AllocationRecord.from_row(r) for r in await self._store.allocation_records()]
         self._book = AllocationBook.replay(records)
         self._book.forget_all_but(self._node.leases.keys())
         log.info("kubelet allocations: %d record(s) read back", len(records))
@@ -236,7 +238,8 @@ class PodAllocator:
 
         if holding is not None:
             self._book.hold(holding)
-        batch = WriteBatch(events=events, on_durable=durable, allocations=records)
+        rows = [r.as_row() for r in records]
+        batch = WriteBatch(events=events, on_durable=durable, allocations=rows)
         write = asyncio.ensure_future(self._store.commit(batch))
         write.add_done_callback(functools.partial(self._settled, holding))
         await asyncio.shield(write)

@@ -10,15 +10,15 @@ import logging
 from collections.abc import Callable, Sequence
 
 from agent.config import Settings
-from agent.kubelet.plugin import DevicePluginServer
-from agent.kubelet.podresources import PodResourcesClient, PodResourcesError
-from agent.kubelet.port import DEFAULT_RESOURCE_NAME as RESOURCE
-from agent.kubelet.port import AllocationRefused
+from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginServer
+from agent.legacy.deviceplugin.kubelet.podresources import PodResourcesClient, PodResourcesError
+from agent.legacy.deviceplugin.kubelet.port import DEFAULT_RESOURCE_NAME as RESOURCE
+from agent.legacy.deviceplugin.kubelet.port import AllocationRefused
+from agent.legacy.deviceplugin.nri.plugin import NriPlugin
 from agent.legacy.deviceplugin.podalloc import PodAllocator, PodOfUnits, SharedMemory
+from agent.legacy.deviceplugin.records import AllocationStore
 from agent.node.events import EventLog
 from agent.node.service import NodeService
-from agent.nri.plugin import NriPlugin
-from agent.state.port import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ async def start_device_plugin(
     node: NodeService,
     events: EventLog,
     *,
-    store: StateStore,
+    store: AllocationStore,
     clock: Callable[[], float],
     shm: SharedMemory | None = None,
 ) -> KubeletPlugins | None:

@@ -16,9 +16,10 @@ from agent.config.kubelet import KubeletSettings
 from agent.core.errors import MpsError
 from agent.core.types import AdmissionRequest, PriorityClass
 from agent.core.units import GIB
-from agent.kubelet.port import LEASE_ANNOTATION, AllocationRefused
+from agent.legacy.deviceplugin.kubelet.port import AllocationRefused
+from agent.legacy.deviceplugin.nri.port import InjectionRefused, PodRef
 from agent.legacy.deviceplugin.podalloc import NRI_MARKER, PodAllocator
-from agent.nri.port import InjectionRefused, PodRef
+from agent.legacy.podleases import LEASE_ANNOTATION
 from tests.integration.state.races import Setup, clocked_node
 
 LEGACY = "/run/gpushare-shm"

@@ -16,12 +16,13 @@ import pytest
 from agent.config.kubelet import KubeletSettings
 from agent.core.types import AdmissionRequest, PriorityClass
 from agent.core.units import GIB
-from agent.kubelet.port import AllocationRefused, ContainerAllocation
+from agent.legacy.deviceplugin.kubelet.port import AllocationRefused, ContainerAllocation
 from agent.legacy.deviceplugin.podalloc import PodAllocator
+from agent.legacy.deviceplugin.records import AllocationKind, AllocationRecord
 from agent.node.events import EventLog
 from agent.node.service import NodeService
 from agent.state.migrations import MIGRATIONS, schema_version
-from agent.state.port import AllocationKind, AllocationRecord, Retention, WriteBatch
+from agent.state.port import Retention, WriteBatch
 from agent.state.sqlite import SqliteStateStore
 from tests.helpers import FakeClock
 from tests.integration.state.races import ControlledStore, Setup, clocked_node

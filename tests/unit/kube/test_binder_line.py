@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from agent.kube.annotations import LEASE_ANNOTATION
-from agent.kube.binder import Binder, BindOptions
 from agent.kubeapi.port import Conflict, KubeError, NotFound, Obj
+from agent.legacy.cluster.annotations import LEASE_ANNOTATION
+from agent.legacy.cluster.binder import Binder, BindOptions
 
 NS = "team"
 
@@ -129,7 +129,7 @@ class Cache:
 
     def live_leases(self, node: str) -> list[Any]:
         """The node's leases as its agent's last answer shows them (every one here)."""
-        from agent.kube.views import lease_of
+        from agent.legacy.cluster.views import lease_of
 
         return [lease_of(x) for x in self.links[node].leases.values()]
 
@@ -558,8 +558,8 @@ def test_a_gang_is_running_for_a_pod_only_in_its_own_round(
     made: a gang made anew while its old members still end is not bound one by one."""
     from datetime import UTC, datetime
 
-    from agent.kube.gangs import Gangs
-    from agent.kube.line import Lines
+    from agent.legacy.cluster.gangs import Gangs
+    from agent.legacy.cluster.line import Lines
 
     made = 1_800_000_000.0
     cache = Cache(["n1"])

@@ -14,10 +14,10 @@ import pytest
 
 from agent.api.proto import agent_pb2 as pb
 from agent.client import TokenFile
-from agent.kube import cache as cache_module
-from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.service import ClusterOptions, connector
-from agent.kube.views import lease_of
+from agent.legacy.cluster import cache as cache_module
+from agent.legacy.cluster.cache import AgentCache, NodeEntry
+from agent.legacy.cluster.service import ClusterOptions, connector
+from agent.legacy.cluster.views import lease_of
 
 
 class Link:

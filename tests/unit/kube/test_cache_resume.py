@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from agent.kube.cache import AgentCache, NodeEntry
+from agent.legacy.cluster.cache import AgentCache, NodeEntry
 
 
 class Link:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.service import ReloadingTls, reload_certificate
+from agent.legacy.cluster.service import ReloadingTls, reload_certificate
 from tests.certs import make_pki
 
 pytestmark = pytest.mark.timeout(30)

@@ -11,11 +11,11 @@ import grpc
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from agent.kube.annotations import FINALIZER, LEASE_ANNOTATION
-from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.controller import LeaseController
-from agent.kube.views import lease_of
 from agent.kubeapi.port import KubeError, NotFound, Obj
+from agent.legacy.cluster.annotations import FINALIZER, LEASE_ANNOTATION
+from agent.legacy.cluster.cache import AgentCache, NodeEntry
+from agent.legacy.cluster.controller import LeaseController
+from agent.legacy.cluster.views import lease_of
 
 NODE = "node-a"
 NOW = 1_000.0
@@ -344,7 +344,7 @@ async def test_a_release_cut_by_its_connection_closing_is_a_failed_release() -> 
 
 
 async def test_the_write_side_reports_a_part_that_ends() -> None:
-    from agent.kube.service import raise_ended
+    from agent.legacy.cluster.service import raise_ended
 
     async def quits() -> None:
         return None

@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 
 from agent.admission.policy import Rules
-from agent.kube.extender import Extender, MalformedArgs
+from agent.legacy.cluster.extender import Extender, MalformedArgs
 
 UID = "7d1c4c1e-0b8a-4c1e-9a51-3f0f5b3c9e11"
 

@@ -11,11 +11,11 @@ import pytest
 from agent.admission.policy import Rules
 from agent.api.proto import agent_pb2 as pb
 from agent.core.units import GIB
-from agent.kube.agents import AgentLink
-from agent.kube.binder import Binder
-from agent.kube.cache import ASSUMED_S, AgentCache, NodeEntry
-from agent.kube.extender import Extender
-from agent.kube.views import lease_of
+from agent.legacy.cluster.agents import AgentLink
+from agent.legacy.cluster.binder import Binder
+from agent.legacy.cluster.cache import ASSUMED_S, AgentCache, NodeEntry
+from agent.legacy.cluster.extender import Extender
+from agent.legacy.cluster.views import lease_of
 
 
 def node(used_gib: int, priority: str = "burstable") -> pb.GetNodeResponse:
@@ -121,7 +121,7 @@ def test_the_views_follow_the_binds_in_flight_and_each_answer() -> None:
 def test_a_pods_prioritize_reuses_its_filters_decisions_until_the_node_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import agent.kube.extender as module
+    import agent.legacy.cluster.extender as module
 
     decided: list[str] = []
     real = module.decide

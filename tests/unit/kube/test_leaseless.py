@@ -11,10 +11,10 @@ import pytest
 from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import Lease, LeaseState
 from agent.core.types import PriorityClass
-from agent.kube.cache import NodeEntry
-from agent.kube.controller import LeaseController
-from agent.kube.leaseless import LeaselessPods
 from agent.kubeapi.port import Obj
+from agent.legacy.cluster.cache import NodeEntry
+from agent.legacy.cluster.controller import LeaseController
+from agent.legacy.cluster.leaseless import LeaselessPods
 from tests.unit.kube.test_controller import NODE, NOW, Api, Cache, lease, pod
 
 

@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import time
 
-from agent.kube.line import Line, Lines, Turn
+from agent.legacy.cluster.line import Line, Lines, Turn
 
 
 def test_pods_wait_for_the_one_before_them() -> None:

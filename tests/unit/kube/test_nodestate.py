@@ -16,16 +16,16 @@ import pytest
 from agent.admission.policy import Rules
 from agent.api.proto import agent_pb2 as pb
 from agent.core.units import GIB
-from agent.kube.agents import AgentLink
-from agent.kube.cache import AgentCache, NodeEntry
-from agent.kube.nodestate import (
+from agent.kubeapi.port import KubeApi, KubeError, NotFound, Obj
+from agent.legacy.cluster.agents import AgentLink
+from agent.legacy.cluster.cache import AgentCache, NodeEntry
+from agent.legacy.cluster.nodestate import (
     CONDITION,
     MESSAGE_MAX_CHARS,
     READY_LABEL,
     node_state,
     publish_node_states,
 )
-from agent.kubeapi.port import KubeApi, KubeError, NotFound, Obj
 
 UUIDS = ("GPU-87bb7b7c-0000-0000-0000-000000000001", "GPU-96222f07-0000-0000-0000-000000000002")
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -273,7 +273,7 @@ async def test_a_missing_node_is_logged_once_and_other_errors_are_retried(
     follow(cache, "flaky", answer())
     api.fail["gone"] = NotFound(404, "NotFound", 'nodes "gone" not found')
     api.fail["flaky"] = KubeError(500, "InternalError", "etcd timeout")
-    with caplog.at_level(logging.INFO, logger="agent.kube.nodestate"):
+    with caplog.at_level(logging.INFO, logger="agent.legacy.cluster.nodestate"):
         async with publishing(api, cache, interval_s=0.05) as task:
             await until(lambda: api.attempts >= 8)
             del api.fail["flaky"]

@@ -11,8 +11,8 @@ from agent.api.proto import agent_pb2 as pb
 from agent.core.lease import LeaseState
 from agent.core.types import AdmissionRequest, PriorityClass, ReasonCode
 from agent.core.units import GIB
-from agent.kube.agents import targets_from_slices
-from agent.kube.views import device_views, lease_of
+from agent.legacy.cluster.agents import targets_from_slices
+from agent.legacy.cluster.views import device_views, lease_of
 
 UUIDS = ("GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000002")
 

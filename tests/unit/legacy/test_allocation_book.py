@@ -10,7 +10,7 @@ from agent.core.lease import Lease, LeaseState
 from agent.core.types import PriorityClass
 from agent.legacy.deviceplugin.allocations import AllocationBook
 from agent.legacy.deviceplugin.podalloc import holds_again, unadvertised
-from agent.state.port import AllocationKind, AllocationRecord
+from agent.legacy.deviceplugin.records import AllocationKind, AllocationRecord
 
 K = AllocationKind
 

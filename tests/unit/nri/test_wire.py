@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.nri.proto import ttrpc_pb2
-from agent.nri.proto.generate import MODULES, generate
-from agent.nri.wire import (
+from agent.legacy.deviceplugin.nri.proto import ttrpc_pb2
+from agent.legacy.deviceplugin.nri.proto.generate import MODULES, generate
+from agent.legacy.deviceplugin.nri.wire import (
     MAX_FRAME,
     MUX_HEADER,
     TTRPC_HEADER,
@@ -109,8 +109,10 @@ async def test_unknown_methods_and_bugs_are_answered_and_the_session_goes_on() -
 def test_generated_nri_modules_are_up_to_date() -> None:
     with tempfile.TemporaryDirectory() as out:
         generate(REPO, Path(out))
-        fresh = Path(out) / "agent" / "nri" / "proto"
+        fresh = Path(out) / "agent" / "legacy" / "deviceplugin" / "nri" / "proto"
         for name in MODULES:
-            checked_in = (REPO / "agent" / "nri" / "proto" / name).read_text()
+            checked_in = (
+                REPO / "agent" / "legacy" / "deviceplugin" / "nri" / "proto" / name
+            ).read_text()
             assert (fresh / name).read_text() == checked_in, f"{name} is stale"
     assert ttrpc_pb2.Request(service="s").SerializeToString() == b"\n\x01s"
