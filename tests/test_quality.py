@@ -127,3 +127,14 @@ def test_api_reference_is_up_to_date() -> None:
     assert checked_in == reference(PROTO.read_text()), (
         "docs/api.md is stale: python -m agent.api.proto.reference > docs/api.md"
     )
+
+
+def test_architecture_map_is_up_to_date() -> None:
+    """docs/architecture.md's map follows the import contracts, the folders' docstrings and
+    the imports that exist."""
+    from tests.architecture_map import DOC, updated
+
+    checked_in = DOC.read_text()
+    assert checked_in == updated(checked_in), (
+        "docs/architecture.md's map is stale: python -m tests.architecture_map"
+    )
