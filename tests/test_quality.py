@@ -138,3 +138,18 @@ def test_architecture_map_is_up_to_date() -> None:
     assert checked_in == updated(checked_in), (
         "docs/architecture.md's map is stale: python -m tests.architecture_map"
     )
+
+
+def test_the_agents_surface_is_as_recorded() -> None:
+    """Every command's help, every setting and its default, the metric names, the event
+    kinds and the store's schema, as recorded in tests/data/surface.json: a change meant to
+    move code only leaves them as they were; a change of behaviour records them anew."""
+    import json
+
+    from tests.surface import SNAPSHOT, differences, surface
+
+    changed = differences(json.loads(SNAPSHOT.read_text()), json.loads(json.dumps(surface())))
+    assert not changed, (
+        f"the agent's surface changed ({', '.join(changed)}): if that is meant, "
+        "python -m tests.surface, and say so in CHANGELOG.md"
+    )
