@@ -1,6 +1,6 @@
 """The DRA driver at scale: pods with ResourceClaims created, scheduled, prepared, run and
-deleted on a loopback cluster (tests/dra/cluster.py) whose nodes' agents are the DRA driver
-``gpushare.io``.
+deleted on a loopback cluster (tests/kubeworld/cluster/dra.py) whose nodes' agents are the
+DRA driver ``gpushare.io``.
 
 Every node is a real ``gpushare serve --sim`` process (4 simulated 80 GiB GPUs) with
 ``dra.enabled``: it publishes its ResourceSlice, answers the binding condition of each
@@ -102,21 +102,21 @@ from agent.config.dra import DraSettings  # noqa: E402
 from agent.core.quantity import quantity  # noqa: E402
 from agent.core.units import MIB  # noqa: E402
 from bench.cpu import cpu_by_part, ms_per  # noqa: E402
-from tests.dra.cluster import (  # noqa: E402
-    DraCluster,
-    PodRunner,
-    claim_pod,
-    claim_template,
-    dra_cluster,
-)
 from tests.helpers import short_dir  # noqa: E402
-from tests.kube.apiserver import (  # noqa: E402
+from tests.kubeworld.apiserver import (  # noqa: E402
     RESOURCE_SLICES,
     ApiError,
     FakeApiServer,
     Obj,
     Selector,
     Watcher,
+)
+from tests.kubeworld.cluster.dra import (  # noqa: E402
+    DraCluster,
+    PodRunner,
+    claim_pod,
+    claim_template,
+    dra_cluster,
 )
 
 NAMESPACE = "bench"

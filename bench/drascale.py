@@ -2,7 +2,7 @@
 pods per node each time, with ``--foreign-claims`` ResourceClaims of other nodes standing
 in the API server (allocated to nodes outside the cluster, in a namespace of their own).
 
-For each node count, one cluster (tests/dra/cluster.py), in order:
+For each node count, one cluster (tests/kubeworld/cluster/dra.py), in order:
 
 1. the agents started (each with its HTTP listener on a loopback port of its own, for its
    /metrics); ``--settle-s``; each agent's RSS read (``without``);
@@ -74,8 +74,8 @@ from bench.dra import (
     say,
     summarize,
 )
-from tests.dra.cluster import DraCluster, claim_pod, claim_template, dra_cluster
-from tests.kube.apiserver import FakeApiServer, Obj
+from tests.kubeworld.apiserver import FakeApiServer, Obj
+from tests.kubeworld.cluster.dra import DraCluster, claim_pod, claim_template, dra_cluster
 
 FOREIGN_NAMESPACE = "other-teams"
 FOREIGN_NODES = 1000  # the foreign claims are spread over this many nodes outside the cluster

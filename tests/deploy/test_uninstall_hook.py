@@ -27,7 +27,7 @@ from agent.kubeapi.connection import SERVICE_ACCOUNT
 from tests.deploy.job_pod import JobPod
 from tests.deploy.test_chart import RENDER
 from tests.helpers import REPO, subprocess_env
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 CHART = REPO / "deploy" / "helm" / "gpushare"
 TEMPLATE = "hooks/pre-delete.yaml"

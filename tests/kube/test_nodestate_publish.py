@@ -23,7 +23,7 @@ from agent.kube.cache import AgentCache
 from agent.kube.nodestate import CONDITION, READY_LABEL, publish_node_states
 from agent.kubeapi.rest import RestKubeApi
 from tests.helpers import spawn_agent
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -29,7 +29,7 @@ from agent.kubeapi.port import (
 )
 from agent.kubeapi.rest import RestKubeApi
 from tests.certs import make_pki, make_token
-from tests.kube.apiserver import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, FakeApiServer
+from tests.kubeworld.apiserver import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, FakeApiServer
 
 TOKEN = "adapter-test-token"
 NS = "team-a"

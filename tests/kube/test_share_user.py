@@ -22,14 +22,14 @@ from agent.kube.annotations import parse_ask
 from agent.kube.binder import Binder
 from agent.kube.cache import AgentCache, NodeEntry
 from agent.kube.extender import Extender, admission_of
-from tests.kube.cluster import (
+from tests.kubeworld.cluster.device_plugin import (
     LoopbackCluster,
     Refused,
     eventually,
     gpu_pod,
     loopback_cluster,
 )
-from tests.kube.scheduler import SchedulerStandIn
+from tests.kubeworld.scheduler.extender import SchedulerStandIn
 
 UUID = "GPU-00000000-0000-0000-0000-000000000001"
 NOT_STATED = (
