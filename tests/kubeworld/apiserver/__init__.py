@@ -128,8 +128,11 @@ from tests.kubeworld.apiserver.kinds import KINDS
 from tests.kubeworld.apiserver.objects import Obj
 from tests.kubeworld.apiserver.paging import EXPIRED_CONTINUE
 from tests.kubeworld.apiserver.patch import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, json_patch
+from tests.kubeworld.apiserver.resource import RESOURCE_SLICES
 from tests.kubeworld.apiserver.resource_schema import kube_versions
+from tests.kubeworld.apiserver.selection import Selector
 from tests.kubeworld.apiserver.server import FakeApiServer
+from tests.kubeworld.apiserver.watch import Watcher
 
 __all__ = [
     "EXPIRED_CONTINUE",
@@ -137,12 +140,15 @@ __all__ = [
     "KINDS",
     "MERGE_PATCH",
     "REASONS",
+    "RESOURCE_SLICES",
     "STRATEGIC_PATCH",
     "ApiError",
     "FakeApiServer",
     "Fault",
     "Hold",
     "Obj",
+    "Selector",
+    "Watcher",
     "json_patch",
     "kube_versions",
     "pod_manifest",

@@ -1,6 +1,6 @@
 """The stand-in API server's resource.k8s.io/v1: the verbs, the status subresource, generated
-names, preconditions, selectors, watches, and the real server's decoding (400) and
-validation (422) of what a DRA driver and a scheduler write. Driven over plain HTTP."""
+names, preconditions, selectors, watches, the test helpers and versions (decoding and
+validation: :mod:`.test_apiserver_dra_validation`). Driven over plain HTTP."""
 
 from __future__ import annotations
 
