@@ -1,6 +1,6 @@
 """The DRA driver at scale: pods with ResourceClaims created, scheduled, prepared, run and
-deleted on a loopback cluster (tests/dra/cluster.py) whose nodes' agents are the DRA driver
-``gpushare.io``.
+deleted on a loopback cluster (tests/kubeworld/cluster/dra.py) whose nodes' agents are the
+DRA driver ``gpushare.io``.
 
 Every node is a real ``gpushare serve --sim`` process (4 simulated 80 GiB GPUs) with
 ``dra.enabled``: it publishes its ResourceSlice, answers the binding condition of each
@@ -82,11 +82,8 @@ import random
 import shutil
 import sys
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -96,284 +93,41 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent.admission.policy import Rules  # noqa: E402
-from agent.api.proto import agent_pb2 as pb  # noqa: E402
 from agent.client import AgentClient  # noqa: E402
 from agent.config.dra import DraSettings  # noqa: E402
-from agent.core.quantity import quantity  # noqa: E402
-from agent.core.units import MIB  # noqa: E402
 from bench.cpu import cpu_by_part, ms_per  # noqa: E402
-from tests.dra.cluster import (  # noqa: E402
-    DraCluster,
-    PodRunner,
-    claim_pod,
-    claim_template,
-    dra_cluster,
+from bench.dra_checks import (  # noqa: E402
+    SliceWrites,
+    api_problems,
+    claim_name_of,
+    injection_problem,
+    ledger_problems,
+    slice_figures,
+)
+from bench.dra_figures import Measured, idle_ms_per_s, noop_phase, part_of, quiet_phase, summarize  # noqa: E402
+from bench.dra_plan import (  # noqa: E402
+    FULL,
+    NAMESPACE,
+    POLL_S,
+    QUIET_AGENT,
+    SMALL,
+    TEMPLATES,
+    PodPlan,
+    plan_pods,
+    say,
 )
 from tests.helpers import short_dir  # noqa: E402
-from tests.kube.apiserver import (  # noqa: E402
-    RESOURCE_SLICES,
+from tests.kubeworld.apiserver import (  # noqa: E402
     ApiError,
     FakeApiServer,
     Obj,
-    Selector,
-    Watcher,
 )
-
-NAMESPACE = "bench"
-TEMPLATES = {  # name -> (memory, threads)
-    "s4g-t10": ("4Gi", "10"),
-    "m8g-t25": ("8Gi", "25"),
-    "l16g-t25": ("16Gi", "25"),
-    "x20g-t50": ("20Gi", "50"),
-}
-EXTENDED = ""  # a pod's template "": it asks for the extended resource only
-EXTENDED_RESOURCE = "gpushare.io/gpu"
-ENDINGS = ("graceful", "force")
-KUBELET_FINALIZER = "bench.gpushare.io/kubelet"  # a graceful pod stays until it was stopped
-# The simulated node's MPS control front end is a Python program: at the agents' default
-# intervals, 16 nodes' daemon probes, readiness and janitor passes alone would take more
-# than 2 cores (as in bench/kubernetes.py). The pod flow measured here uses none of them.
-QUIET_AGENT = {"mps.probe_interval_s": 60, "readiness.interval_s": 60, "janitor.interval_s": 60}
-FULL = {"nodes": 16, "pods": 2000}
-SMALL = {"nodes": 4, "pods": 200}
-POLL_S = 0.05
-WINDOW_S = 1.0  # of the slice-write rate
-
-
-@dataclass
-class PodPlan:
-    name: str
-    template: str  # EXTENDED: the extended resource only
-    run_s: float
-    ending: str
-    uid: str = ""
-    node: str = ""
-    claim: str = ""  # its ResourceClaim's name, once Running
-    created_at: float = 0.0
-    running_at: float = 0.0
-    outcome: str = ""  # "" (ran and went), or why the pod is lost
-    checked: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return NAMESPACE, self.name
-
-    def manifest(self) -> Obj:
-        if self.template:
-            pod = claim_pod(self.name, self.template, NAMESPACE)
-        else:
-            limits = {EXTENDED_RESOURCE: "1"}
-            container = {"name": "main", "image": "app", "resources": {"limits": limits}}
-            pod = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": self.name, "namespace": NAMESPACE},
-                "spec": {"securityContext": {"runAsUser": 1000}, "containers": [container]},
-            }
-        if self.ending == "graceful":
-            pod["metadata"]["finalizers"] = [KUBELET_FINALIZER]
-        return pod
-
-
-def plan_pods(args: argparse.Namespace, rng: random.Random) -> list[PodPlan]:
-    low, high = args.run_s
-    plans = []
-    for index in range(args.pods):
-        extended = rng.random() < args.extended_share
-        template = EXTENDED if extended else rng.choice(sorted(TEMPLATES))
-        run_s = rng.uniform(low, high)
-        plans.append(PodPlan(f"pod-{index:05d}", template, run_s, rng.choice(ENDINGS)))
-    return plans
-
-
-# -- ResourceSlice writes --------------------------------------------------------------------
-
-
-class _Stamped(asyncio.Queue[bytes | None]):
-    """A watcher's queue that keeps nothing: each line is handed to ``record`` as it is
-    stored (the API server puts a change's line in every watcher's queue at its commit)."""
-
-    def __init__(self, record: Callable[[bytes], None]) -> None:
-        super().__init__()
-        self._record = record
-
-    def put_nowait(self, item: bytes | None) -> None:
-        if item is not None:
-            self._record(item)
-
-
-class SliceWrites:
-    """Every ResourceSlice create, replace and delete, by node, stamped at its commit; and
-    what each replace changed (``changed``: device field -> writes that changed it)."""
-
-    def __init__(self, server: FakeApiServer) -> None:
-        self.times: dict[str, list[float]] = {}
-        self.changed: Counter[str] = Counter()
-        self._last: dict[str, list[Obj]] = {}  # node -> its devices as last written
-        self._server = server
-        self._watcher = Watcher(RESOURCE_SLICES, "", Selector(), False, _Stamped(self._record))
-        server.watchers.add(self._watcher)
-
-    def _record(self, line: bytes) -> None:
-        spec = json.loads(line)["object"]["spec"]
-        node, devices = spec["nodeName"], spec.get("devices") or []
-        self.times.setdefault(node, []).append(time.monotonic())
-        if node in self._last:
-            self.changed.update(device_changes(self._last[node], devices))
-        self._last[node] = devices
-
-    def close(self) -> None:
-        self._server.watchers.discard(self._watcher)
-
-    def between(self, start: float, end: float) -> dict[str, list[float]]:
-        return {n: [t for t in ts if start <= t <= end] for n, ts in self.times.items()}
-
-
-def device_changes(before: list[Obj], after: list[Obj]) -> set[str]:
-    """The device fields (``attributes.<name>``, ``capacity``, ``taints``...) that differ."""
-    if [d.get("name") for d in before] != [d.get("name") for d in after]:
-        return {"devices"}
-    found = set()
-    for old, new in zip(before, after, strict=True):
-        for key in set(old) | set(new):
-            if key == "attributes":
-                names = set(old.get(key) or {}) | set(new.get(key) or {})
-                found |= {
-                    f"attributes.{n}"
-                    for n in names
-                    if (old.get(key) or {}).get(n) != (new.get(key) or {}).get(n)
-                }
-            elif old.get(key) != new.get(key):
-                found.add(key)
-    return found
-
-
-def most_in_window(times: list[float], window_s: float = WINDOW_S) -> int:
-    """The most of ``times`` within any half-open window [t, t + window_s)."""
-    ordered, most, first = sorted(times), 0, 0
-    for last, at in enumerate(ordered):
-        while at - ordered[first] >= window_s:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
-def shortest_gap_s(times: list[float]) -> float | None:
-    ordered = sorted(times)
-    gaps = [b - a for a, b in pairwise(ordered)]
-    return round(min(gaps), 3) if gaps else None
-
-
-def slice_figures(writes: dict[str, list[float]], nodes: list[str], span_s: float) -> Obj:
-    counts = [len(writes.get(n, [])) for n in nodes]
-    gaps = [g for n in nodes if (g := shortest_gap_s(writes.get(n, []))) is not None]
-    rates = [c / max(span_s, 1e-9) for c in counts]
-    return {
-        "slice_writes": sum(counts),
-        "slice_writes_per_node_per_s_max": max(
-            (most_in_window(writes.get(n, [])) for n in nodes), default=0
-        ),
-        "slice_writes_per_node_per_s_mean": round(sum(rates) / max(len(rates), 1), 3),
-        "slice_writes_per_node_per_s_mean_max": round(max(rates, default=0.0), 3),
-        "slice_write_gap_min_s": min(gaps, default=None),
-    }
-
-
-# -- the checks --------------------------------------------------------------------------------
-
-
-def results_of(claim: Obj) -> list[Obj]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return list((allocation.get("devices") or {}).get("results") or [])
-
-
-def claim_name_of(pod: Obj) -> str:
-    """The name of the one ResourceClaim a pod of this benchmark uses."""
-    status = pod.get("status") or {}
-    for entry in status.get("resourceClaimStatuses") or []:
-        if entry.get("resourceClaimName"):
-            return str(entry["resourceClaimName"])
-    return str((status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName") or "")
-
-
-def injection_problem(
-    claim: Obj | None, env: dict[str, str], leases: list[Any], pod: str
-) -> str | None:
-    """Why a Running container does not carry exactly its own claim's lease and limits."""
-    if claim is None or len(results_of(claim)) != 1:
-        return "its claim is gone or not allocated to one device"
-    consumed = results_of(claim)[0].get("consumedCapacity") or {}
-    memory_bytes = int(quantity(str(consumed.get("memory", "0"))))
-    threads = float(quantity(str(consumed.get("threads", "0"))))
-    prefix = f"dra:{claim['metadata']['uid']}:"
-    mine = [x for x in leases if x.request_id.startswith(prefix)]
-    if len(mine) != 1:
-        return f"{len(mine)} live leases of its claim"
-    lease = mine[0]
-    limit = env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
-    checks = {
-        "lease pod": (lease.pod, pod),
-        "GPUSHARE_LEASE_ID": (env.get("GPUSHARE_LEASE_ID"), lease.lease_id),
-        "memory MiB": (limit.rpartition("=")[2].removesuffix("M"), str(memory_bytes // MIB)),
-        "threads": (_number(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")), threads),
-        "lease memory": (lease.memory_bytes, memory_bytes),
-        "lease threads": (lease.thread_pct, threads),
-    }
-    wrong = [f"{k} {got!r} != {want!r}" for k, (got, want) in checks.items() if got != want]
-    return "; ".join(wrong) or None
-
-
-def _number(text: str | None) -> float | None:
-    try:
-        return float(text or "")
-    except ValueError:
-        return None
-
-
-def ledger_problems(node: str, answer: pb.GetNodeResponse, rules: Rules, clients: int) -> list[str]:
-    """Devices whose ledger passed their memory, thread budget or client count."""
-    memory = {d.uuid: d.memory_bytes for d in answer.devices}
-    summed: Counter[str] = Counter()
-    for lease in answer.leases:
-        summed[lease.device_uuid] += lease.memory_bytes
-    found = []
-    for entry in answer.ledger:
-        used = (
-            max(entry.memory_committed_bytes, summed[entry.device_uuid])
-            + entry.leases * rules.context_overhead_bytes
-            + rules.reserve_bytes
-        )
-        where = f"{node}/{entry.device_uuid}"
-        if entry.leases and used > memory.get(entry.device_uuid, 0):
-            found.append(f"{where}: memory {used}")
-        if entry.threads_committed_pct > rules.thread_budget_pct + 1e-6:
-            found.append(f"{where}: threads {entry.threads_committed_pct}")
-        if entry.leases > clients:
-            found.append(f"{where}: {entry.leases} leases")
-    return found
-
-
-def api_problems(server: FakeApiServer) -> list[str]:
-    """Devices whose allocated claims' consumedCapacity, summed, passes what the slice
-    publishes (read straight from the store: no agent is asked)."""
-    capacity: dict[tuple[str, str, str], Decimal] = {}
-    for published in server.objects["resourceslices"].values():
-        pool = published["spec"]["pool"]["name"]
-        for device in published["spec"].get("devices") or []:
-            for name, value in (device.get("capacity") or {}).items():
-                capacity[(pool, device["name"], name)] = quantity(str(value["value"]))
-    used: dict[tuple[str, str, str], Decimal] = {}
-    for claim in server.objects["resourceclaims"].values():
-        for result in results_of(claim):
-            for name, value in (result.get("consumedCapacity") or {}).items():
-                key = (result["pool"], result["device"], name)
-                used[key] = used.get(key, Decimal(0)) + quantity(str(value))
-    return [
-        f"{'/'.join(key)}: {total} > {capacity[key]}"
-        for key, total in used.items()
-        if key in capacity and total > capacity[key]
-    ]
-
+from tests.kubeworld.cluster.dra import (  # noqa: E402
+    DraCluster,
+    PodRunner,
+    claim_template,
+    dra_cluster,
+)
 
 # -- the run -----------------------------------------------------------------------------------
 
@@ -567,96 +321,6 @@ class Bench:
         return found
 
 
-def part_of(command: list[str]) -> str:
-    return "agents" if "serve" in command else "other"
-
-
-def agents_cpu_s() -> float:
-    return float(cpu_by_part(part_of)["agents"])
-
-
-# -- the phases beside the churn ---------------------------------------------------------------
-
-
-async def idle_ms_per_s(seconds: float) -> float:
-    """All agents' CPU while nothing is asked of them, ms per second."""
-    before, started = agents_cpu_s(), time.monotonic()
-    await asyncio.sleep(seconds)
-    return round(1e3 * (agents_cpu_s() - before) / (time.monotonic() - started), 2)
-
-
-async def noop_phase(clients: dict[str, AgentClient], calls: int, callers: int) -> Obj:
-    """``calls`` Pings per agent from ``callers`` callers each, all agents at once."""
-
-    async def caller(client: AgentClient, count: int) -> None:
-        for _ in range(count):
-            await client.ping()
-
-    per_caller = max(1, calls // callers)
-    before, started = agents_cpu_s(), time.monotonic()
-    await asyncio.gather(*(caller(c, per_caller) for c in clients.values() for _ in range(callers)))
-    spent_s, wall_s = agents_cpu_s() - before, time.monotonic() - started
-    total = per_caller * callers * len(clients)
-    return {"calls": total, "cpu_s": spent_s, "wall_s": wall_s}
-
-
-async def quiet_phase(bench: Bench, pods: int, cycles: int) -> Obj:
-    """Claims allocated and prepared (pods Running), then each Unprepared and Prepared
-    again ``cycles`` times straight on its node's plugin, one claim at a time, nothing else
-    going on; the pods deleted after."""
-    cluster, server = bench.cluster, bench.server
-    names = [f"quiet-{i}" for i in range(pods)]
-    for name in names:
-        server.put_object("pods", claim_pod(name, "m8g-t25", NAMESPACE))
-    if not await bench.until(lambda: all(_phase(server, n) == "Running" for n in names)):
-        stuck = [n for n in names if _phase(server, n) != "Running"]
-        raise RuntimeError(f"quiet phase: never Running: {stuck[:5]}")
-    claims = [_claim_and_node(server, n) for n in names]
-    failures = 0
-    before, started = agents_cpu_s(), time.monotonic()
-    for _ in range(cycles):
-        for claim, node in claims:
-            kubelet = cluster.nodes[node].kubelet
-            undone = await kubelet.unprepare([claim])
-            done = await kubelet.prepare([claim])
-            failures += sum(bool(e) for e in undone.values())
-            failures += sum(isinstance(r, str) for r in done.values())
-    spent_s, wall_s = agents_cpu_s() - before, time.monotonic() - started
-    for name in names:
-        server.delete_pod(NAMESPACE, name, force=True)
-    await bench.until(lambda: not any((NAMESPACE, n) in server.objects["pods"] for n in names))
-    return {"pairs": len(claims) * cycles, "cpu_s": spent_s, "wall_s": wall_s, "failed": failures}
-
-
-def _phase(server: FakeApiServer, name: str) -> str:
-    pod = server.objects["pods"].get((NAMESPACE, name)) or {}
-    return str((pod.get("status") or {}).get("phase") or "")
-
-
-def _claim_and_node(server: FakeApiServer, name: str) -> tuple[Obj, str]:
-    pod = server.objects["pods"][(NAMESPACE, name)]
-    claim = server.objects["resourceclaims"][(NAMESPACE, claim_name_of(pod))]
-    return claim, str(pod["spec"]["nodeName"])
-
-
-# -- putting it together -----------------------------------------------------------------------
-
-
-@dataclass
-class Measured:
-    """What the phases measured, for the summary."""
-
-    churn_cpu: dict[str, float] = field(default_factory=dict)  # ms per pod, by part
-    churn_agents_s: float = 0.0
-    churn_end: float = 0.0
-    leases: list[tuple[str, str, str]] = field(default_factory=list)
-    left_claims: list[Obj] = field(default_factory=list)
-    idle_ms_per_s: float = 0.0
-    noop: Obj = field(default_factory=dict)
-    quiet: Obj = field(default_factory=dict)
-    slices: Obj = field(default_factory=dict)
-
-
 def agent_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **QUIET_AGENT,
@@ -709,10 +373,6 @@ async def _measure(bench: Bench, rng: random.Random) -> Measured:
     return measured
 
 
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 async def _churn(bench: Bench, measured: Measured) -> None:
     """The pods, from the first create to the last one gone, with the samplers beside."""
     writes = SliceWrites(bench.server)
@@ -752,115 +412,6 @@ def _keep_logs(args: argparse.Namespace, cluster: DraCluster) -> None:
         log_file = node.root / "agent.log"
         if log_file.exists():
             shutil.copyfile(log_file, target / f"{name}.log")
-
-
-def _lost(plans: list[PodPlan], measured: Measured) -> list[PodPlan]:
-    leased = {pod for _, pod, _ in measured.leases}
-    owners = {
-        o.get("uid")
-        for c in measured.left_claims
-        for o in c["metadata"].get("ownerReferences") or []
-    }
-    for plan in plans:
-        if f"{NAMESPACE}/{plan.name}" in leased:
-            plan.outcome = plan.outcome or "lease never released"
-        if plan.uid in owners:
-            plan.outcome = plan.outcome or "claim left in the API"
-    return [p for p in plans if p.outcome]
-
-
-def claim_counts(bench: Bench) -> Obj:
-    """Claims of the churn's pods prepared (their containers created: every claim of the
-    pod was answered with devices) and unprepared, from the pod worker's records."""
-    runner = bench.runner
-    answers = [a for p in bench.plans for a in runner.stopped.get(p.uid, {}).values()]
-    return {
-        "prepared": sum(p.key in runner.containers for p in bench.plans),
-        "unprepared": sum(not a for a in answers),
-        "unprepare_errors": sum(bool(a) for a in answers),
-    }
-
-
-def cpu_figures(pairs: int, measured: Measured, span_s: float) -> Obj:
-    noop, quiet = measured.noop, measured.quiet
-    churn_ms = 1e3 * measured.churn_agents_s / max(pairs, 1)
-    noop_ms = 1e3 * noop["cpu_s"] / max(noop["calls"], 1)
-    quiet_ms = 1e3 * quiet["cpu_s"] / max(quiet["pairs"], 1)
-    idle_s_per_s = measured.idle_ms_per_s / 1e3
-    churn_busy_ms = 1e3 * (measured.churn_agents_s - idle_s_per_s * span_s) / max(pairs, 1)
-    noop_busy_ms = 1e3 * (noop["cpu_s"] - idle_s_per_s * noop["wall_s"]) / max(noop["calls"], 1)
-    return {
-        "agent_cpu_ms_per_prepare_unprepare": round(churn_ms, 3),
-        "agent_cpu_ms_per_noop": round(noop_ms, 3),
-        "cpu_ratio": round(churn_ms / max(noop_ms, 1e-9), 2),
-        "agent_cpu_ms_per_prepare_unprepare_quiet": round(quiet_ms, 3),
-        "cpu_ratio_quiet": round(quiet_ms / max(noop_ms, 1e-9), 2),
-        "agent_cpu_idle_ms_per_s": measured.idle_ms_per_s,
-        "cpu_ratio_idle_subtracted": round(churn_busy_ms / max(noop_busy_ms, 1e-9), 2),
-        "noop_calls": noop["calls"],
-        "noop_per_s": round(noop["calls"] / max(noop["wall_s"], 1e-9), 1),
-        "quiet_pairs": quiet["pairs"],
-        "quiet_failed": quiet["failed"],
-    }
-
-
-def summarize(bench: Bench, measured: Measured, load_before: tuple[float, float, float]) -> Obj:
-    plans = bench.plans
-    lost = _lost(plans, measured)
-    scheduler = bench.cluster.scheduler
-    assert scheduler is not None
-    counts = claim_counts(bench)
-    running = sum(p.running_at > 0 for p in plans)
-    span_s = measured.churn_end - bench.first_create
-    result: Obj = {
-        "nodes": bench.args.nodes,
-        "cpus": os.cpu_count(),
-        "load_avg_1m_before": round(load_before[0], 2),
-        "load_avg_1m_after": round(os.getloadavg()[0], 2),
-        "pods": len(plans),
-        "extended_pods": sum(p.template == EXTENDED for p in plans),
-        "bound": sum(bool(p.node) for p in plans),
-        "running": running,
-        **counts,
-        "pods_per_s": round(running / max(bench.last_running - bench.first_create, 1e-9), 1),
-        "all_done_s": round(span_s, 1),
-        "scheduling_failures": len(scheduler.failures),
-        "scheduling_failures_why": dict(
-            Counter(_gist(m) for _, m in scheduler.failures).most_common(5)
-        ),
-        "leases_leaked": len(measured.leases),
-        "wrong_injections": len(bench.wrong),
-        "unverified": len(bench.unverified),
-        "overcommit": len(bench.overcommit_ledger) + len(bench.overcommit_api),
-        "overcommit_ledger": len(bench.overcommit_ledger),
-        "overcommit_api": len(bench.overcommit_api),
-        "ledger_reads": bench.ledger_reads,
-        "api_samples": bench.api_samples,
-        "lost": len(lost),
-        "lost_why": dict(Counter(p.outcome for p in lost).most_common(5)),
-        "cpu_ms_per_pod": measured.churn_cpu,
-        **cpu_figures(min(counts["prepared"], counts["unprepared"]), measured, span_s),
-        **measured.slices,
-    }
-    result["targets"] = _targets(result)
-    for line in (bench.wrong + bench.overcommit_ledger + bench.overcommit_api)[:10]:
-        say(f"finding: {line}")
-    return result
-
-
-def _targets(result: Obj) -> Obj:
-    keys = ("leases_leaked", "wrong_injections", "unverified", "overcommit", "lost")
-    return {
-        "correct": all(result[k] == 0 for k in keys),
-        "cpu_within_3x_noop": result["cpu_ratio"] <= 3.0,
-        "slice_writes_at_most_1_per_s": result["slice_writes_per_node_per_s_max"] <= 1,
-    }
-
-
-def _gist(message: str) -> str:
-    """A FailedScheduling message without its names and numbers, to count alike ones."""
-    words = [w for w in message.split() if not any(c.isdigit() for c in w)]
-    return " ".join(words)[:80]
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.kube.apiserver import Fault
+from tests.kubeworld.apiserver import Fault
 
 
 @dataclass(frozen=True, slots=True)

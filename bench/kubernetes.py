@@ -99,8 +99,9 @@ from bench.cpu import cpu_by_part, ms_per  # noqa: E402
 from bench.faults import Chaos, end_watches, restart_later  # noqa: E402
 from bench.kube_scheduler_proc import RemoteScheduler  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
-from tests.kube.apiserver import ApiError, Obj  # noqa: E402
-from tests.kube.cluster import (  # noqa: E402
+from tests.kubelet.fake_kubelet import AdmissionRejected  # noqa: E402
+from tests.kubeworld.apiserver import ApiError, Obj  # noqa: E402
+from tests.kubeworld.cluster.device_plugin import (  # noqa: E402
     SHARE,
     LoopbackCluster,
     eventually,
@@ -108,8 +109,7 @@ from tests.kube.cluster import (  # noqa: E402
     loopback_cluster,
     wait_agent,
 )
-from tests.kube.scheduler import SchedulerStandIn  # noqa: E402
-from tests.kubelet.fake_kubelet import AdmissionRejected  # noqa: E402
+from tests.kubeworld.scheduler.extender import SchedulerStandIn  # noqa: E402
 
 GIB = 2**30
 NAMESPACE = "bench"

@@ -1,6 +1,6 @@
 """A hook Job's pod, simulated for its command run as a real process: the service account's
 files (a token and the API server's CA), the pod's environment, and the server side of the
-API stand-in's TLS (tests.kube.apiserver.FakeApiServer, ``ssl_context``)."""
+API stand-in's TLS (tests.kubeworld.apiserver.FakeApiServer, ``ssl_context``)."""
 
 from __future__ import annotations
 

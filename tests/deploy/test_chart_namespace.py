@@ -27,7 +27,7 @@ from tests.deploy.test_chart import (
 )
 from tests.deploy.test_dra_manifests import allows
 from tests.helpers import agent_command, subprocess_env
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 API_TOKEN = "chart-defaults"
 

@@ -27,7 +27,7 @@ from agent.legacy.cluster.annotations import FINALIZER
 from tests.deploy.job_pod import JobPod
 from tests.deploy.test_chart import RENDER
 from tests.helpers import REPO, subprocess_env
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 CHART = REPO / "deploy" / "helm" / "gpushare"
 TEMPLATE = "hooks/pre-delete.yaml"

@@ -35,7 +35,7 @@ from tests.deploy.test_uninstall_hook import (
     rbac_call,
     run_job,
 )
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 HOOKS = ("hooks/pre-delete.yaml", "hooks/reset-compute-mode.yaml")
 RESET = {"uninstall": {"resetComputeMode": {"enabled": True}}}

@@ -19,7 +19,7 @@ from tests.dra.fixtures import (
     kube,  # noqa: F401 (a fixture: importing it registers it here)
 )
 from tests.helpers import fake_ports, running_app, sim_settings
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 
 @pytest.fixture

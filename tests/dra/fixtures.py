@@ -17,7 +17,7 @@ from agent.kubeapi.rest import RestKubeApi
 from tests.certs import make_token
 
 if TYPE_CHECKING:
-    from tests.kube.apiserver import FakeApiServer
+    from tests.kubeworld.apiserver import FakeApiServer
 
 Obj = dict[str, Any]
 DRIVER = "gpushare.io"

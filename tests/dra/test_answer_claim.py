@@ -25,7 +25,7 @@ from agent.client import AgentClient
 from agent.runtime.app import App
 from tests.dra.fixtures import DRIVER, NODE
 from tests.helpers import running_app, sim_settings
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 BINDING = {
     "bindingConditions": ["gpushare.io/admitted"],

@@ -27,8 +27,8 @@ from agent.dra.proto import (
     registration_pb2_grpc,
 )
 from agent.node.events import EventLog
-from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
 from tests.dra.test_plugin import RecordingDriver, serving
+from tests.kubeworld.cluster.dra import claim_pod, claim_template, dra_cluster, eventually
 
 VERSIONS = {"v1": dra_v1_pb2, "v1beta1": dra_v1beta1_pb2}
 GOOD_UID = "7d1c4c1e-0b8a-4c1e-9a51-3f0f5b3c9e11"

@@ -27,7 +27,7 @@ from tests.dra.test_answer_claim import result as waiting_result
 from tests.dra.test_claim_answers import allocated_claim, result
 from tests.dra.test_reconcile_node import claim_uids, parts, prepared, uid_of
 from tests.helpers import fake_ports, running_app, sim_settings
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.timeout(240)
 MOST_STEPS = 400  # a call longer than this many loop steps fails the exploration

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.dra.cluster import DRIVER, DraCluster, DraNode, dra_cluster
 from tests.dra.test_end_to_end import running
+from tests.kubeworld.cluster.dra import DRIVER, DraCluster, DraNode, dra_cluster
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -17,12 +17,12 @@ from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import Ports
 from agent.runtime.wiring import SimCounters
-from tests.dra.allocator import AllocationError, allocate
-from tests.dra.cluster import DEVICE_CLASS
 from tests.dra.fixtures import NODE
 from tests.helpers import FakeClock, running_app, sim_settings
 from tests.integration.control.test_scenarios import WINDOW_S, Node, signature, three_tenants
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
+from tests.kubeworld.cluster.dra import DEVICE_CLASS
+from tests.kubeworld.scheduler.allocator import AllocationError, allocate
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from agent.core.units import GIB, MIB
-from tests.dra.cluster import (
+from tests.helpers import REPO, short_dir
+from tests.kubeworld.cluster.dra import (
     DRIVER,
     DraCluster,
     claim_pod,
@@ -22,7 +23,6 @@ from tests.dra.cluster import (
     dra_cluster,
     eventually,
 )
-from tests.helpers import REPO, short_dir
 
 pytestmark = pytest.mark.timeout(240)
 PROFILES = REPO / "profiles"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
 from tests.dra.test_end_to_end import claim_of, running
 from tests.helpers import short_dir
+from tests.kubeworld.cluster.dra import claim_pod, claim_template, dra_cluster, eventually
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.dra.cluster import (
+from tests.dra.test_end_to_end import running
+from tests.kubeworld.cluster.dra import (
     DRIVER,
     DraCluster,
     DraNode,
@@ -33,8 +34,7 @@ from tests.dra.cluster import (
     eventually,
     with_extended_claim,
 )
-from tests.dra.kubelet import FakeContainer
-from tests.dra.test_end_to_end import running
+from tests.kubeworld.kubelet import FakeContainer
 
 pytestmark = pytest.mark.timeout(120)
 SPECS_BACK_S = 30.0  # how long the specs may take to come back after the start

@@ -23,12 +23,12 @@ from agent.claims.driver import ClaimDriver
 from agent.claims.reconcile import Reconciler
 from agent.dra.port import ClaimRef
 from agent.runtime.app import App
-from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
 from tests.dra.fixtures import NODE
 from tests.dra.test_claim_answers import allocated_claim, result
 from tests.dra.test_end_to_end import running
 from tests.helpers import fake_ports, running_app, sim_settings
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
+from tests.kubeworld.cluster.dra import claim_pod, claim_template, dra_cluster, eventually
 
 pytestmark = pytest.mark.timeout(120)
 CLAIMS = "/apis/resource.k8s.io/v1"

@@ -27,7 +27,7 @@ from agent.runtime.app import App
 from tests.dra.fixtures import claim_user_pod, reserve
 from tests.dra.test_answer_claim import ask, claim, leases, result
 from tests.integration.control.test_identity_scenarios import cgroups, tenant
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 CONTAINER = "d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98"
 STRANGER = "a5c1f8d5-1919-434d-add7-4afaafdaef89"

@@ -25,14 +25,14 @@ import pytest
 from agent.core.podusers import FIX
 from agent.dra.port import ClaimRef
 from agent.runtime.app import App
-from tests.dra.cluster import claim_pod, claim_template, dra_cluster, eventually
 from tests.dra.fixtures import NODE, claim_user_pod, reserve
 from tests.dra.test_answer_claim import ask, claim, client, leases, result, taints, until
 from tests.dra.test_claim_answers import allocated_claim
 from tests.dra.test_claim_answers import result as plain_result
 from tests.dra.test_end_to_end import one_gpu_node, running
 from tests.dra.test_reconcile_node import parts
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
+from tests.kubeworld.cluster.dra import claim_pod, claim_template, dra_cluster, eventually
 
 
 def reserved_for(api: FakeApiServer, asked: dict[str, Any], *uids: int | None) -> dict[str, Any]:

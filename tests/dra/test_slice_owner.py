@@ -13,7 +13,7 @@ from agent.dra.publisher import SlicePublisher
 from agent.dra.slices import Capacity, SliceDevice
 from agent.kubeapi.rest import RestKubeApi
 from tests.dra.fixtures import NODE
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 CAPACITY = {"clients": Capacity("16", "1", valid_values=("1",))}
 

@@ -17,10 +17,10 @@ from agent.dra.publisher import SlicePublisher
 from agent.dra.slices import MAX_DEVICES, Capacity, SliceDevice, Taint
 from agent.kubeapi.port import KubeError
 from agent.kubeapi.rest import RestKubeApi
-from tests.dra.allocator import gather_pools
-from tests.dra.cluster import API_TOKEN, DraCluster, eventually
 from tests.dra.fixtures import DRIVER, NODE
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
+from tests.kubeworld.cluster.dra import API_TOKEN, DraCluster, eventually
+from tests.kubeworld.scheduler.allocator import gather_pools
 
 CAPACITY = {"clients": Capacity("16", "1", valid_values=("1",))}
 

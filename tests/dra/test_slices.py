@@ -15,7 +15,7 @@ from agent.dra.slices import Capacity, SliceDevice, Taint
 from agent.kubeapi.port import KubeError
 from agent.kubeapi.rest import RestKubeApi
 from tests.dra.fixtures import NODE, TOKEN
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 CAPACITY = {
     "memory": Capacity("71Gi", "8Gi", min="256Mi", max="71Gi", step="1Mi"),

@@ -29,7 +29,7 @@ from agent.mps.fake import FakeMpsManager
 from agent.node.availability import GONE_DETAIL
 from agent.runtime.app import Ports
 from tests.helpers import running_app, sim_settings
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 RULES = Rules(reserve_bytes=GIB, context_overhead_bytes=512 * MIB, thread_budget_pct=200)
 DRA = DraSettings(refusal_backoff_s=10.0)

@@ -39,7 +39,8 @@ import psutil
 import pytest
 
 from agent.dra.proto import dra_v1_pb2_grpc
-from tests.dra.cluster import (
+from tests.dra.test_end_to_end import running
+from tests.kubeworld.cluster.dra import (
     DRIVER,
     DraCluster,
     DraNode,
@@ -48,9 +49,8 @@ from tests.dra.cluster import (
     dra_cluster,
     eventually,
 )
-from tests.dra.kubelet import DraKubelet, Retry
-from tests.dra.test_end_to_end import running
-from tests.dra.test_kubelet_standin import FakeDraPlugin, make_claim
+from tests.kubeworld.kubelet import DraKubelet, Retry
+from tests.kubeworld.kubelet.fake_plugin import FakeDraPlugin, make_claim
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ from tests.dra.fixtures import (
     TOKEN,
     kube,  # noqa: F401 (a fixture: importing it registers it here)
 )
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from agent.dracontrol.controller import BindingController
 from agent.dracontrol.port import ShareAnswerValue, Unreached
 from agent.kubeapi.port import Obj
 from agent.kubeapi.rest import RestKubeApi
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 DRIVER = "gpushare.io"
 NODE = "node-a"

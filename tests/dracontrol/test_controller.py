@@ -33,7 +33,7 @@ from tests.dracontrol.helpers import (
     tasks_of,
     until,
 )
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 ADMITTED = [("gpu-0", "gpushare.io/admitted", "Admitted")]
 REFUSED = [("gpu-0", "gpushare.io/refused", "NO_MEMORY")]

@@ -10,7 +10,7 @@ import asyncio
 
 from agent.kubeapi.rest import RestKubeApi
 from tests.dracontrol.helpers import Agents, claim, conditions, controlling, status_writes, until
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 FOREVER = 10**6
 LIST = r"(?i)/v1/resourceclaims(\?(?!.*watch=true)|$)"  # the claims of every namespace, listed

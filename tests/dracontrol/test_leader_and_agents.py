@@ -24,7 +24,7 @@ from agent.dracontrol.port import Unreached
 from agent.kubeapi.leader import LeaderElector, LeaderOptions
 from agent.kubeapi.rest import RestKubeApi
 from tests.dracontrol.helpers import NODE, Agents, claim, conditions, until
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 LEASE = ("gpushare-system", "gpushare-dra-controller")
 FOREVER = 10**6

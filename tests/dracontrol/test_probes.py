@@ -28,7 +28,7 @@ from tests.dra.fixtures import TOKEN
 from tests.dracontrol.helpers import Agents, claim, conditions, until
 from tests.dracontrol.test_leader_and_agents import fast
 from tests.helpers import REPO, agent_command, subprocess_env
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 
 def test_progress_says_who_is_alive_and_ready() -> None:

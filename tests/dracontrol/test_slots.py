@@ -13,7 +13,7 @@ from agent.dracontrol.slots import NodeSlots
 from agent.kubeapi.port import Obj
 from agent.kubeapi.rest import RestKubeApi
 from tests.dracontrol.helpers import Agents, claim, conditions, controlling, until
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 HUNG = "node-hung"
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.certs import Pki, make_pki
 from tests.helpers import agent_command, short_dir, spawn_agent, subprocess_env
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 from tests.unit.cli.test_doctor_certificates import openssl_ca
 
 CHECKS = [

@@ -11,10 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.cluster import LoopbackCluster, eventually, gpu_pod, loopback_cluster
 from tests.kube.test_end_to_end import live_leases, running
 from tests.kube.test_end_to_end_faults import BINDING, lease_of_pod
 from tests.kubelet.fake_kubelet import AdmissionRejected, Outcome
+from tests.kubeworld.cluster.device_plugin import (
+    LoopbackCluster,
+    eventually,
+    gpu_pod,
+    loopback_cluster,
+)
 
 pytestmark = pytest.mark.timeout(240)
 

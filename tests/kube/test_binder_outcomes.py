@@ -39,7 +39,7 @@ from agent.legacy.podleases import LEASE_ANNOTATION
 from agent.runtime.app import App, Ports
 from tests.certs import make_token
 from tests.helpers import fake_ports, running_app, sim_settings
-from tests.kube.apiserver import FakeApiServer, Fault, Obj
+from tests.kubeworld.apiserver import FakeApiServer, Fault, Obj
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from tests.kube.cluster import (
+from tests.kubeworld.cluster.device_plugin import (
     LoopbackCluster,
     Refused,
     agent_call,
@@ -20,7 +20,7 @@ from tests.kube.cluster import (
     gpu_pod,
     loopback_cluster,
 )
-from tests.kube.scheduler import SchedulerStandIn
+from tests.kubeworld.scheduler.extender import SchedulerStandIn
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,8 +13,9 @@ import pytest
 
 from agent.api.proto import agent_pb2 as pb
 from agent.core.units import GIB
-from tests.kube.apiserver import Obj
-from tests.kube.cluster import (
+from tests.kube.test_end_to_end import LEASE, live_leases, running
+from tests.kubeworld.apiserver import Obj
+from tests.kubeworld.cluster.device_plugin import (
     LoopbackCluster,
     agent_call,
     eventually,
@@ -23,7 +24,6 @@ from tests.kube.cluster import (
     wait_agent,
     wait_healthy,
 )
-from tests.kube.test_end_to_end import LEASE, live_leases, running
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.api.proto import agent_pb2 as pb
-from tests.kube.cluster import agent_call, eventually, gpu_pod, loopback_cluster
 from tests.kube.test_end_to_end import live_leases, running
+from tests.kubeworld.cluster.device_plugin import agent_call, eventually, gpu_pod, loopback_cluster
 
 pytestmark = pytest.mark.timeout(180)
 

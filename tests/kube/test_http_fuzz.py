@@ -60,7 +60,7 @@ from agent.legacy.cluster.cache import AgentCache, NodeEntry
 from agent.legacy.cluster.extender import MAX_ARGS_BYTES, Extender, build_extender_app
 from agent.legacy.cluster.webhook import build_webhook_app, tls_context
 from tests.certs import make_pki
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 NODE = "gpu-node-1"
 NS = "team-a"

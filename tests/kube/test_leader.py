@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from agent.kubeapi.leader import LeaderElector, LeaderOptions, Record, verdict
 from agent.kubeapi.rest import RestKubeApi
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 LEASE_PATH = r"^/apis/coordination.k8s.io/v1/namespaces/gpushare-system/leases/gpushare-kube-serve$"
 FAST = LeaderOptions(lease_duration_s=0.6, renew_deadline_s=0.4, retry_period_s=0.05)

@@ -23,7 +23,7 @@ from agent.kubeapi.rest import RestKubeApi
 from agent.legacy.cluster.cache import AgentCache
 from agent.legacy.cluster.nodestate import CONDITION, READY_LABEL, publish_node_states
 from tests.helpers import spawn_agent
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 pytestmark = pytest.mark.timeout(180)
 

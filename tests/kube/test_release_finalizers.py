@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.certs import make_token
 from tests.helpers import agent_command, subprocess_env
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 TOKEN = "release-token"
 

@@ -22,14 +22,14 @@ from agent.legacy.cluster.annotations import parse_ask
 from agent.legacy.cluster.binder import Binder
 from agent.legacy.cluster.cache import AgentCache, NodeEntry
 from agent.legacy.cluster.extender import Extender, admission_of
-from tests.kube.cluster import (
+from tests.kubeworld.cluster.device_plugin import (
     LoopbackCluster,
     Refused,
     eventually,
     gpu_pod,
     loopback_cluster,
 )
-from tests.kube.scheduler import SchedulerStandIn
+from tests.kubeworld.scheduler.extender import SchedulerStandIn
 
 UUID = "GPU-00000000-0000-0000-0000-000000000001"
 NOT_STATED = (

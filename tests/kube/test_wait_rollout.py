@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import subprocess_env
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 NS = "gpushare"
 DS = "gpushare-reset-compute-mode"

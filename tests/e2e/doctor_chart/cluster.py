@@ -17,7 +17,7 @@ from aiohttp import web
 
 from tests.e2e.threaded_api import ServerThread
 from tests.helpers import REPO
-from tests.kube.apiserver import ApiError, FakeApiServer
+from tests.kubeworld.apiserver import ApiError, FakeApiServer
 
 NODE = "worker-1"
 USER = "system:serviceaccount:gpushare-system:gpushare-agent"

@@ -26,7 +26,7 @@ from agent.core.lease import CLAIM_OWNER
 from agent.runtime.app import App
 from tests.dra.fixtures import driver_overrides
 from tests.helpers import fake_ports, running_app, short_dir, sim_settings
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 NODE, DRIVER, API_TOKEN = "node-a", "gpushare.io", "api-token"
 

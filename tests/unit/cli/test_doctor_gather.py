@@ -14,7 +14,7 @@ from agent import doctor as pf
 from agent.cli import doctor as doc
 from agent.config import load_settings
 from agent.doctor import BinaryFacts, KubeFacts, gather
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 # -- gathered from real files ------------------------------------------------------------------
 

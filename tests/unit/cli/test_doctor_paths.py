@@ -17,7 +17,7 @@ from agent import doctor as pf
 from agent.cli import doctor as doc
 from agent.config import load_settings
 from agent.doctor import DeviceShm, KubeFacts, PathFacts, ShmFacts, gather
-from tests.kube.apiserver import FakeApiServer
+from tests.kubeworld.apiserver import FakeApiServer
 
 USER = "system:serviceaccount:gpushare-system:gpushare-agent"
 API = KubeFacts(
