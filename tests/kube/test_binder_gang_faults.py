@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from agent.legacy.cluster.binder import Binder, BindOptions
-from tests.kube.test_binder_outcomes import BINDING, NS, World, world
+from tests.kube.binder_world import BINDING, NS, World, world
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -14,155 +14,29 @@ the pod's next try and nothing is guessed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.admission.policy import Rules
-from agent.api.proto import agent_pb2 as pb
 from agent.client import AgentClient
-from agent.kubeapi.port import Conflict, Gone, KubeError, NotFound, Unanswered
 from agent.kubeapi.rest import RestKubeApi
-from agent.legacy.cluster.binder import Binder, BindOptions
-from agent.legacy.cluster.binding import Outcome, binding_outcome, refused
 from agent.legacy.cluster.cache import AgentCache
 from agent.legacy.cluster.controller import LeaseController
-from agent.legacy.cluster.extender import Extender, build_extender_app
-from agent.legacy.cluster.line import Line
-from agent.legacy.podleases import LEASE_ANNOTATION
-from agent.runtime.app import App, Ports
-from tests.certs import make_token
-from tests.helpers import fake_ports, running_app, sim_settings
-from tests.kubeworld.apiserver import FakeApiServer, Fault, Obj
+from tests.kube.binder_world import (
+    AGENT_TOKEN,
+    API_TOKEN,
+    BINDING,
+    CLIENT_TIMEOUT_S,
+    NS,
+    POD,
+    world,
+)
+from tests.kubeworld.apiserver import FakeApiServer, Fault
 
 pytestmark = pytest.mark.timeout(120)
-
-NS = "team-a"
-API_TOKEN = "api-" + "0b9c2d7e4f1a8c3b5d6e9f0a7b2c4d1e"
-AGENT_TOKEN = "agent-" + "3c5e7a9b1d2f4e6a8c0b9d7f5e3a1c2b"
-CLIENT_TIMEOUT_S = 1.0  # the REST adapter's: a hanging Binding is given up after this
-BINDING = r"^/api/v1/namespaces/team-a/pods/{name}/binding$"
-POD = r"^/api/v1/namespaces/team-a/pods/{name}$"
-
-
-def ports() -> Ports:
-    return fake_ports(2)
-
-
-@dataclass
-class World:
-    server: FakeApiServer
-    kube: RestKubeApi
-    cache: AgentCache
-    binder: Binder
-    apps: dict[str, App]
-    extender_url: str
-    session: aiohttp.ClientSession
-    answers: list[tuple[int, str]] = field(default_factory=list)
-
-    def create(self, name: str, *, gang: str = "", size: int = 0) -> Obj:
-        annotations = {"gpushare.io/memory": "4Gi", "gpushare.io/threads": "20"}
-        if gang:
-            annotations |= {"gpushare.io/gang": gang, "gpushare.io/gang-size": str(size)}
-        return self.server.create_pod(
-            name,
-            NS,
-            annotations=annotations,
-            scheduler_name="gpushare",
-            finalizers=["gpushare.io/lease"],
-            limits={"gpushare.io/share": 1},
-            run_as_user=1000,
-        )
-
-    def pod(self, name: str) -> Obj:
-        found = self.server.pod(NS, name)
-        assert found is not None
-        return found
-
-    def placement(self, name: str) -> tuple[str, str]:
-        """(node, lease annotation) of the pod as the API server has it."""
-        pod = self.pod(name)
-        return pod["spec"].get("nodeName", ""), pod["metadata"].get("annotations", {}).get(
-            LEASE_ANNOTATION, ""
-        )
-
-    async def bind(self, name: str, node: str) -> tuple[int, str]:
-        """The scheduler's bind call to the extender: (HTTP status, its Error)."""
-        args = {
-            "PodName": name,
-            "PodNamespace": NS,
-            "PodUID": self.pod(name)["metadata"]["uid"],
-            "Node": node,
-        }
-        async with self.session.post(f"{self.extender_url}/bind", json=args) as response:
-            if response.status != 200:
-                answer = (response.status, await response.text())
-            else:
-                answer = (200, str((await response.json())["Error"]))
-        self.answers.append(answer)
-        return answer
-
-    async def leases(self) -> dict[str, tuple[str, pb.Lease]]:
-        """Every live lease of every agent: lease id -> (node, lease)."""
-        found: dict[str, tuple[str, pb.Lease]] = {}
-        for node, app in self.apps.items():
-            async with AgentClient(f"127.0.0.1:{app.tcp_port}", token=AGENT_TOKEN) as agent:
-                for lease in (await agent.get_node()).leases:
-                    found[lease.lease_id] = (node, lease)
-        return found
-
-    async def leases_of(self, name: str) -> list[tuple[str, pb.Lease]]:
-        return [(n, x) for n, x in (await self.leases()).values() if x.pod == f"{NS}/{name}"]
-
-
-@contextlib.asynccontextmanager
-async def world(
-    root: Path, nodes: tuple[str, ...] = ("n1",), **options: float
-) -> AsyncIterator[World]:
-    """Agents for ``nodes``, the stand-in API server, and the extender over HTTP, its binder
-    reading pods from an informer that is always current (the stand-in's store)."""
-    make_token(root / "agent-token", AGENT_TOKEN)
-    bind = {"hold_s": 0.5, "gang_ttl_s": 5.0, "resolve_s": 3.0, **options}
-    async with FakeApiServer(token=API_TOKEN) as server, contextlib.AsyncExitStack() as stack:
-        apps = {}
-        for node in nodes:
-            (root / node).mkdir()
-            settings = sim_settings(
-                root / node,
-                **{
-                    "api.tcp_listen": "127.0.0.1:0",
-                    "api.token_file": str(root / "agent-token"),
-                    "api.insecure_loopback": True,
-                    "estimator.model_dir": "none",
-                },
-            )
-            apps[node] = await stack.enter_async_context(running_app(settings, ports()))
-        kube = RestKubeApi.from_url(server.url, token=API_TOKEN, timeout_s=CLIENT_TIMEOUT_S)
-        stack.push_async_callback(kube.aclose)
-        cache = AgentCache(lambda target: AgentClient(target, token=AGENT_TOKEN, attempts=2))
-        stack.push_async_callback(cache.aclose)
-        cache.set_targets({n: f"127.0.0.1:{app.tcp_port}" for n, app in apps.items()})
-        await cache.wait_ready(20.0)
-
-        def informer(uid: str) -> Obj | None:
-            pods = server.objects["pods"].values()
-            return next((p for p in pods if p["metadata"]["uid"] == uid), None)
-
-        binder = Binder(kube, cache, BindOptions(**bind), pods=informer)
-        stack.push_async_callback(binder.aclose)
-        runner = web.AppRunner(build_extender_app(Extender(cache, binder, Rules())))
-        await runner.setup()
-        stack.push_async_callback(runner.cleanup)
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        session = await stack.enter_async_context(aiohttp.ClientSession())
-        yield World(server, kube, cache, binder, apps, url, session)
 
 
 # -- the table -----------------------------------------------------------------------------
@@ -276,104 +150,6 @@ async def test_a_lease_kept_on_one_node_is_given_back_once_the_pod_is_bound_on_a
         assert node == "n2" and w.placement("p") == ("n2", lease.lease_id)
 
 
-# -- gangs ---------------------------------------------------------------------------------
-
-
-async def test_a_gang_member_whose_binding_failed_after_the_commit_is_bound_on_its_retry(
-    root: Path,
-) -> None:
-    """Observation: every retry raised KeyError (HTTP 500) and reserved again, in a loop."""
-    async with world(root) as w:
-        for name in ("g0", "g1"):
-            w.create(name, gang="g", size=2)
-        w.server.fail_next("POST", BINDING.format(name="g0"), 422)  # refused: not landed
-        first = await asyncio.gather(w.bind("g0", "n1"), w.bind("g1", "n1"))
-        assert first[1] == (200, "")
-        assert first[0][0] == 200 and "422" in first[0][1]
-
-        assert await w.bind("g0", "n1") == (200, "")  # the scheduler's retry
-        leases = {x.pod: x for _, x in (await w.leases()).values()}
-        assert sorted(leases) == [f"{NS}/g0", f"{NS}/g1"]
-        for name in ("g0", "g1"):
-            assert w.placement(name) == ("n1", leases[f"{NS}/{name}"].lease_id)
-            assert leases[f"{NS}/{name}"].state == "admitted"  # none left reserved
-
-
-@pytest.mark.parametrize("retried_by", ["the same binder", "a binder started afresh"])
-async def test_a_gang_member_whose_binding_outcome_was_unknown_binds_its_committed_lease(
-    root: Path, retried_by: str
-) -> None:
-    """Its lease kept (the pod could not be read back), the retry gets the committed
-    lease back from the agent (Reserve, same request id) and binds it, also when the
-    binder that committed the gang is gone (``kube serve`` restarted)."""
-    async with world(root) as w:
-        for name in ("g0", "g1"):
-            w.create(name, gang="g", size=2)
-        w.server.fail_next("POST", BINDING.format(name="g0"), 500, times=1000)
-        w.server.fail_next("GET", POD.format(name="g0"), 503, times=1000)
-        first = await asyncio.gather(w.bind("g0", "n1"), w.bind("g1", "n1"))
-        assert first[1] == (200, "") and "kept" in first[0][1]
-        [(_, kept)] = await w.leases_of("g0")
-        assert kept.state == "admitted"
-        w.server.faults.clear()
-
-        if retried_by == "the same binder":
-            assert await w.bind("g0", "n1") == (200, "")
-        else:
-            afresh = Binder(w.kube, w.cache, BindOptions(hold_s=0.5))
-            uid = w.pod("g0")["metadata"]["uid"]
-            assert await afresh.bind(NS, "g0", uid, "n1") == ""
-        assert w.placement("g0") == ("n1", kept.lease_id)
-        assert len(await w.leases()) == 2
-
-
-async def test_a_gang_member_bound_twice_leaves_no_lease_to_another_member(root: Path) -> None:
-    """Observation: one of the two binds of g0 answered 500 and its lease, committed with
-    the gang, was left on n1 for the next pod bound there (g1) to be handed at Allocate."""
-    async with world(root, nodes=("n1", "n2"), hold_s=0.3) as w:
-        for name in ("g0", "g1"):
-            w.create(name, gang="g", size=2)
-        first = asyncio.ensure_future(w.bind("g0", "n1"))
-        async with asyncio.timeout(10):
-            while not await w.leases_of("g0"):  # reserved on n1, waiting for its gang
-                await asyncio.sleep(0.02)
-        again = asyncio.ensure_future(w.bind("g0", "n2"))  # its answer lost: sent again
-        await asyncio.sleep(0.3)
-        last = asyncio.ensure_future(w.bind("g1", "n1"))
-        answers = await asyncio.gather(first, again, last)
-
-        assert [status for status, _ in answers] == [200, 200, 200], answers
-        bound = {name: w.placement(name) for name in ("g0", "g1")}
-        assert answers[2] == (200, "") and bound["g1"][0] == "n1"
-        assert bound["g0"][0] in ("n1", "n2")
-        # every live lease is the lease of a pod bound with it on its node
-        leases = await w.leases()
-        assert sorted((n, x.lease_id) for n, x in leases.values()) == sorted(bound.values())
-
-
-async def test_a_gang_whose_commit_failed_on_one_node_keeps_no_lease_on_another(
-    root: Path,
-) -> None:
-    """The commit succeeded on n1 and failed on n2 (its agent gone): an abort ends only
-    reservations, so the member committed on n1 is released, not left for its retry to
-    bind alone."""
-    # the gang waits well past n1's hold (g0 reserves after it), however loaded the machine
-    async with world(root, nodes=("n1", "n2"), hold_s=3.0, gang_ttl_s=20.0) as w:
-        w.create("a")
-        for name in ("g0", "g1"):
-            w.create(name, gang="g", size=2)
-        assert await w.bind("a", "n1") == (200, "")  # never allocated: n1's line waits
-        binds = asyncio.gather(w.bind("g0", "n1"), w.bind("g1", "n2"))
-        async with asyncio.timeout(10):
-            while not (await w.leases_of("g0") and await w.leases_of("g1")):
-                await asyncio.sleep(0.02)
-        w.cache.set_targets({"n1": f"127.0.0.1:{w.apps['n1'].tcp_port}"})  # n2 is gone
-        answers = await binds
-        assert all(status == 200 and "n2" in error for status, error in answers), answers
-        assert [n for n, _ in await w.leases_of("g0")] == []
-        assert [n for n, _ in await w.leases_of("a")] == ["n1"]
-
-
 # -- a caller that goes away, a binder that stops ------------------------------------------
 
 
@@ -481,107 +257,6 @@ async def test_a_finalizer_removal_whose_answer_was_lost_settles_the_pod_once(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await cache.aclose()
-
-
-# -- the pure parts ------------------------------------------------------------------------
-
-
-def test_a_pods_next_try_takes_the_place_of_its_turn_that_kept_the_lease() -> None:
-    line = Line()
-    kept = line.join()
-    line.start(kept)
-    nxt, later = line.join(), line.join()  # waiting for kept's lease to be allocated
-    line.end(kept, "L1", 1.0)
-    again = line.rejoin(kept)
-    assert again.previous is None  # it waits for nobody, its own lease least of all
-    assert (nxt.previous, later.previous) == (again, nxt)
-    assert nxt.moved.is_set()  # woken to wait for the try that binds L1
-    assert line.waiting == [again, nxt, later]
-
-
-def test_a_pods_next_try_after_the_line_moved_on_goes_ahead_of_the_pods_waiting() -> None:
-    line = Line()
-    kept = line.join()
-    line.start(kept)
-    line.end(kept, "L1", 1.0)
-    nxt = line.join()
-    line.start(nxt)  # its hold passed: it went on
-    waiting = line.join()
-    again = line.rejoin(kept)
-    assert (again.previous, waiting.previous) == (nxt, again)
-    assert line.waiting == [again, waiting]
-
-
-def test_a_lease_given_back_lets_the_turn_waiting_for_it_go() -> None:
-    line = Line()
-    kept = line.join()
-    line.start(kept)
-    nxt = line.join()
-    line.end(kept, "L1", 1.0)
-    line.gave_back(kept)
-    assert kept.lease_id == "" and nxt.moved.is_set()
-
-
-def _pod(node: str = "", lease: str = "", uid: str = "u1") -> Obj:
-    return {
-        "metadata": {"uid": uid, "annotations": {LEASE_ANNOTATION: lease} if lease else {}},
-        "spec": {"nodeName": node} if node else {},
-    }
-
-
-@pytest.mark.parametrize(
-    ("pod", "outcome", "why"),
-    [
-        (_pod("n1", "L1"), Outcome.BOUND, ""),
-        (None, Outcome.NOT_BOUND, "the pod is gone"),
-        (_pod("n1", "L1", uid="u2"), Outcome.NOT_BOUND, "another pod of that name"),
-        (_pod(), Outcome.NOT_BOUND, "the pod is not bound"),
-        (_pod("n2", "L1"), Outcome.NOT_BOUND, "the pod is bound to n2"),
-        (_pod("n1", "L2"), Outcome.NOT_BOUND, "the pod is bound with lease L2"),
-        (_pod("n1"), Outcome.BOUND, ""),  # no annotation: the lease is the pod's own
-    ],
-)
-def test_the_pod_read_back_decides(pod: Obj | None, outcome: Outcome, why: str) -> None:
-    assert binding_outcome(pod, "u1", "n1", "L1") == (outcome, why)
-
-
-@pytest.mark.parametrize(
-    ("error", "sure"),
-    [
-        (KubeError(422, "Invalid", ""), True),
-        (Gone(410, "Expired", ""), True),
-        (NotFound(404, "NotFound", ""), True),
-        (KubeError(429, "TooManyRequests", ""), True),
-        (KubeError(0, "Unreachable", "connection refused"), True),  # never sent
-        (Conflict(409, "Conflict", ""), False),  # bound already: by this bind, maybe
-        (KubeError(500, "InternalError", ""), False),
-        (KubeError(504, "Timeout", ""), False),
-        (Unanswered(0, "Unreachable", "timed out"), False),
-        (KubeError(201, "BadResponse", "not JSON"), False),  # answered 201: it landed
-    ],
-)
-def test_only_a_refusal_is_sure_to_have_changed_nothing(error: KubeError, sure: bool) -> None:
-    assert refused(error) is sure
-
-
-async def test_the_rest_adapter_tells_a_request_never_sent_from_one_unanswered(
-    root: Path,
-) -> None:
-    async with FakeApiServer() as server:
-        server.create_pod("p", NS)
-        async with RestKubeApi.from_url(server.url, timeout_s=0.5) as kube:
-            server.fail_next("POST", BINDING.format(name="p"), hang=True)
-            with pytest.raises(Unanswered):
-                await kube.bind_pod(NS, "p", "", "n1")
-            server.fail_next("POST", BINDING.format(name="p"), landed=True)
-            with pytest.raises(Unanswered):
-                await kube.bind_pod(NS, "p", "", "n1")
-        url = server.url
-    async with RestKubeApi.from_url(url, timeout_s=0.5) as kube:  # nobody listens there
-        with pytest.raises(KubeError) as caught:
-            await kube.bind_pod(NS, "p", "", "n1")
-        assert not isinstance(caught.value, Unanswered)
-        assert (caught.value.status, caught.value.reason) == (0, "Unreachable")
 
 
 async def test_a_binding_that_lands_after_its_client_gave_up_leaves_the_pod_with_its_lease(
