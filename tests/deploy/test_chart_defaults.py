@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.deploy.chart_values import VALUES, container_of
+from tests.deploy.dra_manifests import allows
 from tests.deploy.test_chart import (
     CHART,
     DRA_VERSIONS,
@@ -37,7 +38,6 @@ from tests.deploy.test_chart import (
     pod_of,
     render,
 )
-from tests.deploy.test_dra_manifests import allows
 
 OLD_SELECTOR = {"nvidia.com/gpu.present": "true"}
 NEW_SELECTOR = {"gpushare.io/node": "true"}

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.deploy.chart_values import NAMESPACE, VALUES, args_of, container_of
+from tests.deploy.dra_manifests import allows
 from tests.deploy.test_chart import (
     DRA_VERSIONS,
     EXTENDER_VERSIONS,
@@ -25,7 +26,6 @@ from tests.deploy.test_chart import (
     objects,
     render,
 )
-from tests.deploy.test_dra_manifests import allows
 from tests.helpers import agent_command, subprocess_env
 from tests.kubeworld.apiserver import FakeApiServer
 

@@ -1,18 +1,13 @@
 """The cluster side's manifests (deploy/) agree with the Kubernetes schemas, with each
 other, with the agents' manifests (daemonset/) and with the code they run: the options of
-``gpushare kube serve``, the webhook's and the extender's routes, the API calls the RBAC
-rules must allow, and the kind bring-up script."""
+``gpushare kube serve``, the webhook's and the extender's routes, and the API calls the RBAC
+rules must allow. The agents' side and the kind bring-up: test_kube_kind.py."""
 
 from __future__ import annotations
 
 import ast
-import copy
-import json
 import re
-import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +18,28 @@ from agent.legacy.cluster.agents import GRPC_PORT_NAME
 from agent.legacy.cluster.annotations import FINALIZER, RESOURCE, SCHEDULER_NAME, parse_ask
 from agent.legacy.cluster.podrules import check_new_pod
 from agent.legacy.cluster.webhook import build_webhook_app, mutation
+from tests.deploy.kube_manifests import (
+    BIN,
+    DEPLOY,
+    KIND,
+    NAMESPACE,
+    container,
+    documents,
+    find,
+    kube_version,
+    port_of,
+    rest_calls,
+    scheduler_config,
+    scheduler_pod,
+    serve_args,
+    validate,
+)
 from tests.helpers import REPO
-
-DEPLOY = REPO / "deploy"
-KIND = DEPLOY / "kind"
-BIN = Path(sys.executable).parent
-NAMESPACE = "gpushare-system"
 
 # Files under deploy/ that are not Kubernetes objects, so no schema applies to them.
 NOT_OBJECTS = {
     KIND / "kind-config.yaml": "kind's own cluster configuration (kind.x-k8s.io), checked below",
-    KIND / "kind-config-dra.yaml": "kind's own, checked in test_dra_manifests.py",
+    KIND / "kind-config-dra.yaml": "kind's own, checked in test_dra_kind.py",
     KIND / "agent-daemonset-patch.yaml": "a JSON patch; the DaemonSet it makes is validated",
 }
 # The DRA driver's manifests (resource.k8s.io/v1, Kubernetes 1.34 and later, not the
@@ -64,37 +70,7 @@ KUBE_SERVE_OPTIONS = {
     "--leader-elect-retry-period-s",
 }  # fmt: skip
 
-# The kubernetes_asyncio calls of agent/legacy/cluster/rest.py -> (API group, resource, verb).
-CALLS = {
-    "read_namespaced_pod": ("", "pods", "get"),
-    "list_pod_for_all_namespaces": ("", "pods", "list"),  # "watch" with watch=True
-    "patch_namespaced_pod": ("", "pods", "patch"),
-    "delete_namespaced_pod": ("", "pods", "delete"),
-    "create_namespaced_pod_binding": ("", "pods/binding", "create"),
-    "patch_node": ("", "nodes", "patch"),
-    "patch_node_status": ("", "nodes/status", "patch"),
-    "create_namespaced_event": ("", "events", "create"),
-    "list_namespaced_endpoint_slice": ("discovery.k8s.io", "endpointslices", "list"),
-    "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
-    "create_namespaced_lease": ("coordination.k8s.io", "leases", "create"),
-    "replace_namespaced_lease": ("coordination.k8s.io", "leases", "update"),
-    # gpushare doctor's (run by hand, with the caller's own account)
-    "read_runtime_class": ("node.k8s.io", "runtimeclasses", "get"),
-    # the DRA driver's (deploy/dra/rbac.yaml; tests/deploy/test_dra_manifests.py)
-    "read_node": ("", "nodes", "get"),
-    "list_resource_slice": ("resource.k8s.io", "resourceslices", "list"),
-    "create_resource_slice": ("resource.k8s.io", "resourceslices", "create"),
-    "replace_resource_slice": ("resource.k8s.io", "resourceslices", "update"),
-    "delete_resource_slice": ("resource.k8s.io", "resourceslices", "delete"),
-    "read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "get"),
-    "list_resource_claim_for_all_namespaces": ("resource.k8s.io", "resourceclaims", "list"),
-    "list_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", "list"),
-    "replace_namespaced_resource_claim_status": (
-        "resource.k8s.io",
-        "resourceclaims/status",
-        "update",
-    ),
-}
+
 # Resources the gpushare container reads in its own namespace only (a Role, not cluster-wide).
 NAMESPACED = {("discovery.k8s.io", "endpointslices"), ("coordination.k8s.io", "leases")}
 # The roles the kube-scheduler container is bound to, built into Kubernetes.
@@ -105,64 +81,7 @@ BUILT_IN_ROLES = {
 }
 
 
-def documents(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def find(path: Path, kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [
-        d
-        for d in documents(path)
-        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
-    ]
-    assert len(found) == 1, f"{path.name}: {len(found)} {kind} {name or ''}"
-    return found[0]
-
-
-def scheduler_pod() -> dict[str, Any]:
-    return find(DEPLOY / "scheduler.yaml", "Deployment", "gpushare-scheduler")["spec"]["template"]
-
-
-def container(name: str) -> dict[str, Any]:
-    return next(c for c in scheduler_pod()["spec"]["containers"] if c["name"] == name)
-
-
-def scheduler_config() -> dict[str, Any]:
-    data = find(DEPLOY / "scheduler.yaml", "ConfigMap", "gpushare-scheduler-config")["data"]
-    return yaml.safe_load(data["gpushare-scheduler.yaml"])
-
-
-def serve_args() -> dict[str, str]:
-    """``--name=value`` (or a flag) of the gpushare container: {name: value}."""
-    args = container("gpushare")["args"]
-    assert args[:2] == ["kube", "serve"]
-    parsed: dict[str, str] = {}
-    for arg in args[2:]:
-        assert arg.startswith("--"), f"{arg!r}: write options as --name=value"
-        name, _, value = arg.partition("=")
-        parsed[name] = value
-    return parsed
-
-
-def port_of(listen: str) -> int:
-    return int(listen.rpartition(":")[2])
-
-
-def kube_version() -> str:
-    """The Kubernetes version the shipped kube-scheduler image is for."""
-    tag = container("kube-scheduler")["image"].rpartition(":")[2]
-    assert re.fullmatch(r"v\d+\.\d+\.\d+", tag), tag
-    return tag[1:]
-
-
 # -- schemas -----------------------------------------------------------------------------
-
-
-def validate(path: Path, *version: str) -> str:
-    command = [str(BIN / "kubernetes-validate"), "--strict", *version, str(path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY)))
@@ -414,31 +333,6 @@ def test_the_example_pod_passes_the_webhook_and_gets_the_scheduler_and_finalizer
 # -- RBAC ------------------------------------------------------------------------------------
 
 
-def rest_calls() -> dict[str, set[tuple[str, str, str]]]:
-    """Port method -> the (group, resource, verb) its RestKubeApi implementation calls."""
-    tree = ast.parse((REPO / "agent" / "kubeapi" / "rest.py").read_text())
-    [rest] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RestKubeApi"]
-    found: dict[str, set[tuple[str, str, str]]] = {}
-    for method in rest.body:
-        if not isinstance(method, ast.AsyncFunctionDef | ast.FunctionDef):
-            continue
-        nodes = list(ast.walk(method))
-        called = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
-        calls = {c for c in called if c in CALLS}
-        unknown = {
-            c for c in called if re.fullmatch(r"(read|list|patch|create|delete|replace)_.*", c)
-        }
-        assert unknown <= set(CALLS), f"add {unknown - set(CALLS)} to CALLS"
-        watch = method.name.startswith("watch_")  # the list call, with watch=true
-        verbs = set()
-        for call in calls:
-            group, resource, verb = CALLS[call]
-            verbs.add((group, resource, "watch" if watch and verb == "list" else verb))
-        if verbs:
-            found[method.name] = verbs
-    return found
-
-
 def port_methods_in_use() -> set[str]:
     """The KubeApi methods some part of the agent calls (outside the port and its adapter)."""
     tree = ast.parse((REPO / "agent" / "kubeapi" / "port.py").read_text())
@@ -508,142 +402,3 @@ def test_every_binding_names_the_scheduler_account_and_a_known_role() -> None:
         if rule.get("resourceNames")
     ]
     assert named["resourceNames"] == [scheduler_config()["leaderElection"]["resourceName"]]
-
-
-# -- the agents (daemonset/) as the cluster side needs them --------------------------------
-
-
-def test_the_shipped_agents_serve_the_device_plugin_with_the_kubelet_dirs_mounted() -> None:
-    config = yaml.safe_load(
-        find(REPO / "daemonset" / "configmap.yaml", "ConfigMap")["data"]["config.yaml"]
-    )
-    kubelet = config["kubelet"]
-    assert kubelet["enabled"] is True
-    daemonset = find(REPO / "daemonset" / "daemonset.yaml", "DaemonSet")
-    assert_mounts_the_kubelet_dirs(daemonset, kubelet)
-
-
-def assert_mounts_the_kubelet_dirs(daemonset: dict[str, Any], kubelet: dict[str, Any]) -> None:
-    pod = daemonset["spec"]["template"]["spec"]
-    hosts = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
-    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
-    for path in (kubelet["plugin_dir"], str(Path(kubelet["pod_resources_socket"]).parent)):
-        assert path in mounts, path
-        assert hosts[mounts[path]] == path
-
-
-# -- kind ------------------------------------------------------------------------------------
-
-
-def json_patch(document: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 test, replace and remove (what the kind patch uses)."""
-    result = copy.deepcopy(document)
-    for operation in operations:
-        *parents, last = [
-            p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]
-        ]
-        node: Any = result
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        key: Any = int(last) if isinstance(node, list) else last
-        if operation["op"] == "test":
-            assert node[key] == operation["value"], operation
-        elif operation["op"] == "replace":
-            assert key in node if isinstance(node, dict) else key < len(node), operation
-            node[key] = operation["value"]
-        elif operation["op"] == "remove":
-            del node[key]
-        else:
-            raise AssertionError(operation)
-    return result
-
-
-def kind_daemonset() -> dict[str, Any]:
-    patch = yaml.safe_load((KIND / "agent-daemonset-patch.yaml").read_text())
-    return json_patch(find(REPO / "daemonset" / "daemonset.yaml", "DaemonSet"), patch)
-
-
-def test_the_kind_daemonset_validates_and_mounts_the_simulated_agents_dirs(tmp_path: Path) -> None:
-    daemonset = kind_daemonset()
-    manifest = tmp_path / "daemonset.yaml"
-    manifest.write_text(yaml.safe_dump(daemonset))
-    validate(manifest)
-    validate(manifest, "-k", kube_version())
-    pod = daemonset["spec"]["template"]["spec"]
-    assert "runtimeClassName" not in pod
-    config = yaml.safe_load(find(KIND / "agent-config.yaml", "ConfigMap")["data"]["config.yaml"])
-    hosts = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
-    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    for name, key in (("run", "runtime_dir"), ("state", "state_dir")):
-        assert hosts[name] == mounts[name] == config["paths"][key]
-    assert_mounts_the_kubelet_dirs(daemonset, config["kubelet"])
-    if shutil.which("kubectl"):  # the patch as up.sh applies it, where kubectl is installed
-        done = subprocess.run(
-            ["kubectl", "patch", "--local", "-f", str(REPO / "daemonset" / "daemonset.yaml"),
-             "--type=json", "--patch-file", str(KIND / "agent-daemonset-patch.yaml"), "-o", "json"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["spec"] == daemonset["spec"]
-
-
-def test_the_kind_agent_config_is_accepted_and_keeps_the_shipped_security(tmp_path: Path) -> None:
-    text = find(KIND / "agent-config.yaml", "ConfigMap")["data"]["config.yaml"]
-    config = yaml.safe_load(text)
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    command = [sys.executable, "-m", "agent", "--config", str(path), "config", "show"]
-    done = subprocess.run(
-        [*command, "--resolved", "--json"], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    shipped = yaml.safe_load(
-        find(REPO / "daemonset" / "configmap.yaml", "ConfigMap")["data"]["config.yaml"]
-    )
-    assert config["api"] == shipped["api"]  # mutual TLS and the token, as shipped
-    assert not config["api"].get("insecure_loopback")
-    assert config["sim"]["enabled"] is True and config["kubelet"]["enabled"] is True
-    assert config["mps"]["client_group"] == shipped["mps"]["client_group"]
-
-
-def script_lines(path: Path) -> Iterator[str]:
-    yield from path.read_text().splitlines()
-
-
-@pytest.mark.parametrize("script", ["up.sh", "down.sh"])
-def test_the_kind_scripts_are_sound_bash(script: str) -> None:
-    path = KIND / script
-    lines = list(script_lines(path))
-    assert lines[0] == "#!/usr/bin/env bash" and "set -euo pipefail" in lines
-    assert path.stat().st_mode & 0o111, f"{script} is not executable"
-    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    if shutil.which("shellcheck"):
-        done = subprocess.run(
-            ["shellcheck", str(path)], capture_output=True, text=True, timeout=60, check=False
-        )
-        assert done.returncode == 0, done.stdout
-
-
-def test_up_sh_deploys_every_part_and_leaves_out_only_what_it_replaces() -> None:
-    up = (KIND / "up.sh").read_text()
-    for tool in ("docker", "kind", "kubectl", "openssl"):
-        assert tool in re.search(r"for tool in ([^;]+);", up)[1]  # type: ignore[index]
-    # the build command of daemonset/Dockerfile, and the image loaded into the nodes
-    assert 'docker build -f "$REPO/daemonset/Dockerfile" -t "$AGENT_IMAGE" "$REPO"' in up
-    assert 'kind load docker-image "$AGENT_IMAGE"' in up
-    applied = set(re.findall(r'-f "\$(?:REPO|HERE)/([\w/.-]+\.yaml)"', up))
-    replaced = {
-        "daemonset/configmap.yaml": "deploy/kind/agent-config.yaml",
-        "daemonset/secret.yaml": "secrets made by up.sh",
-        "daemonset/certificate.yaml": "secrets made by up.sh",
-        "daemonset/mps-host.yaml": "a simulated node's agent runs its own daemons",
-        "deploy/certificates.yaml": "secrets made by up.sh",
-        "deploy/issuer.yaml": "secrets made by up.sh",
-    }
-    for path in [*REPO.glob("daemonset/*.yaml"), *DEPLOY.glob("*.yaml")]:
-        name = str(path.relative_to(REPO))
-        assert name in replaced or name in applied or name.removeprefix("deploy/") in applied, name
-    assert '--patch-file "$HERE/agent-daemonset-patch.yaml"' in up
-    assert "caBundle" in up and "example-pod.yaml" in up and "logs" in up
-    assert "--insecure-agents" not in up and "insecure_loopback" not in up

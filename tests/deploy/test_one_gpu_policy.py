@@ -17,8 +17,8 @@ import pytest
 
 from agent.claims.shares import ClaimError, one_share_per_request
 from tests.deploy.cel import Outcome, cel, documents, policies
+from tests.deploy.dra_manifests import quiet_example
 from tests.deploy.test_chart import DRA_VERSIONS, objects
-from tests.deploy.test_dra_manifests import quiet_example
 from tests.helpers import REPO
 
 SLICE_POLICY = REPO / "deploy" / "dra" / "slice-policy.yaml"  # the DRA path's admission

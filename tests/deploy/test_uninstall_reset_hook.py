@@ -25,9 +25,9 @@ import yaml
 from agent.config.loading import load_settings
 from agent.legacy.cluster.annotations import FINALIZER
 from agent.runtime.lock import InstanceLock
+from tests.deploy.dra_manifests import grants
 from tests.deploy.job_pod import JobPod
 from tests.deploy.test_chart import DRA_VERSIONS, EXTENDER_VERSIONS, RENDER, pod_of
-from tests.deploy.test_dra_manifests import grants
 from tests.deploy.test_uninstall_hook import (
     BASE_VALUES,
     NS,
