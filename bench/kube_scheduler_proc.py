@@ -76,7 +76,7 @@ class RemoteScheduler:
 
 async def _child() -> None:
     sys.path.insert(0, str(REPO))
-    from bench.kubernetes import TimedScheduler, _gist
+    from bench.kubernetes_figures import TimedScheduler, _gist
 
     settings = json.loads(sys.stdin.readline())
 

@@ -98,6 +98,9 @@ from agent.legacy.cluster.annotations import FINALIZER, LEASE_ANNOTATION, SCHEDU
 from bench.cpu import cpu_by_part, ms_per  # noqa: E402
 from bench.faults import Chaos, end_watches, restart_later  # noqa: E402
 from bench.kube_scheduler_proc import RemoteScheduler  # noqa: E402
+from bench.kubernetes_checks import evicted_event, injection_problem, ledger_problems, why_stuck  # noqa: E402
+from bench.kubernetes_figures import TimedScheduler, part_of, pct, summarize  # noqa: E402
+from bench.kubernetes_plan import AGENT_ARGS, GIB, NAMESPACE, PodPlan, parse_args, plan_pods  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
 from tests.kubelet.fake_kubelet import AdmissionRejected  # noqa: E402
 from tests.kubeworld.apiserver import ApiError, Obj  # noqa: E402
@@ -105,134 +108,9 @@ from tests.kubeworld.cluster.device_plugin import (  # noqa: E402
     SHARE,
     LoopbackCluster,
     eventually,
-    gpu_pod,
     loopback_cluster,
     wait_agent,
 )
-from tests.kubeworld.scheduler.extender import SchedulerStandIn  # noqa: E402
-
-GIB = 2**30
-NAMESPACE = "bench"
-MEMORY_GIB = (1, 2, 4, 6, 8, 12)
-THREADS = (5, 10, 15, 20, 25)
-PRIORITIES = ("guaranteed", "burstable", "burstable", "best-effort")
-ENDINGS = ("succeeded", "deleted", "force-deleted")
-# The simulated node's MPS control front end is a Python program (about 0.2 s of CPU per
-# command; the real one is a native binary): at the agents' default intervals, 16 nodes'
-# daemon probes, readiness and janitor passes alone would take more than 2 cores. The pod
-# flow measured here uses none of them.
-AGENT_ARGS = tuple(
-    arg
-    for name in ("mps.probe_interval_s", "readiness.interval_s", "janitor.interval_s")
-    for arg in ("--set", f"{name}=60")
-)
-FULL = {"nodes": 16, "pods": 2000}
-SMALL = {"nodes": 4, "pods": 200}
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else 0.0
-
-
-@dataclass
-class PodPlan:
-    name: str
-    memory_gib: int
-    threads: int
-    priority: str
-    run_s: float
-    ending: str
-    gang: str = ""
-    gang_size: int = 0
-    uid: str = ""
-    created_at: float = 0.0
-    bound_at: float = 0.0
-    phase: str = ""  # what the kubelet reported
-    bound: asyncio.Event = field(default_factory=asyncio.Event)
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    outcome: str = ""  # "" (ran and went) or why the pod is lost
-    evicted: bool = False  # deleted by the lease controller: its agent evicted its lease
-    closing: bool = False  # the harness is ending it: its lease may go any moment
-    rejected: bool = False  # Failed by its kubelet: its agent was away at its admission
-    node: str = ""  # where the kubelet started it
-    lease_id: str = ""  # its lease annotation, as the kubelet saw it
-
-    def manifest(self) -> Obj:
-        pod = gpu_pod(
-            self.name,
-            NAMESPACE,
-            memory=f"{self.memory_gib}Gi",
-            threads=str(self.threads),
-            gang=self.gang,
-            gang_size=self.gang_size,
-            priority=self.priority,
-        )
-        return pod
-
-
-def plan_pods(args: argparse.Namespace, rng: random.Random) -> list[list[PodPlan]]:
-    """Units in creation order: a single pod, or a gang's members together."""
-    low, high = args.run_s
-    gangs = round(args.pods * args.gang_share / args.gang_size) if args.gang_size else 0
-    singles = args.pods - gangs * args.gang_size
-    kinds = ["single"] * singles + ["gang"] * gangs
-    rng.shuffle(kinds)
-    units: list[list[PodPlan]] = []
-    counts = Counter[str]()
-
-    def one(name: str, gang: str = "", size: int = 0) -> PodPlan:
-        return PodPlan(
-            name,
-            rng.choice(MEMORY_GIB),
-            rng.choice(THREADS),
-            rng.choice(PRIORITIES),
-            rng.uniform(low, high),
-            rng.choice(ENDINGS),
-            gang,
-            size,
-        )
-
-    for kind in kinds:
-        counts[kind] += 1
-        if kind == "single":
-            units.append([one(f"pod-{counts[kind]:05d}")])
-        else:
-            gang = f"gang-{counts[kind]:04d}"
-            units.append([one(f"{gang}-{i}", gang, args.gang_size) for i in range(args.gang_size)])
-    return units
-
-
-class TimedScheduler(SchedulerStandIn):
-    """The scheduler stand-in, timing each call to the extender's ``/bind``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.bind_ms: list[float] = []
-        self.refused_ms: list[float] = []
-        self.refusals: Counter[str] = Counter()
-        self.on_bound: Any = None
-
-    async def _post(self, url: str, body: Any) -> Any:
-        if not url.endswith("/bind"):
-            return await super()._post(url, body)
-        started = time.perf_counter()
-        result = await super()._post(url, body)
-        took_ms = 1e3 * (time.perf_counter() - started)
-        if result.get("Error"):
-            self.refused_ms.append(took_ms)
-            self.refusals[_gist(result["Error"])] += 1
-        else:
-            self.bind_ms.append(took_ms)
-            if self.on_bound is not None:
-                self.on_bound(body["PodUID"])
-        return result
-
-
-def _gist(error: str) -> str:
-    """A refusal without its node and pod names, to count alike ones together."""
-    words = [w for w in error.split() if not any(c.isdigit() for c in w)]
-    return " ".join(words)[:80]
 
 
 @dataclass
@@ -302,15 +180,9 @@ class Run:
             self.refused.append(f"{plan.name}: {outcome.error}")
         elif outcome is not None and outcome.response is not None:
             env = kubelets.env(meta["namespace"], meta["name"], "main")
-            expected = {
-                "GPUSHARE_LEASE_ID": lease,
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={plan.memory_gib * 1024}M",
-                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(plan.threads),
-            }
-            for key, value in expected.items():
-                if not lease or env.get(key) != value:
-                    self.wrong.append(f"{plan.name}: {key}={env.get(key)!r}, pod says {value!r}")
-                    break
+            problem = injection_problem(plan, lease, env)
+            if problem is not None:
+                self.wrong.append(problem)
         plan.started.set()
 
     # -- the pods --------------------------------------------------------------------------
@@ -357,7 +229,7 @@ class Run:
             await asyncio.wait_for(plan.started.wait(), self.args.bind_deadline_s)
         except TimeoutError:
             plan.phase = "never allocated"
-            self.stuck.append(self.why_stuck(plan))
+            self.stuck.append(why_stuck(self.cluster, plan))
         if plan.phase != "Running":
             if await self.lease_evicted(plan, wait_s=10.0):
                 await self.gone(plan)  # deleted by the controller: its owner would place it again
@@ -387,7 +259,7 @@ class Run:
         lease (a guaranteed pod preempted it): an event LeaseEvicted on it."""
         deadline = time.monotonic() + wait_s
         while True:
-            if self.evicted_now(plan):
+            if evicted_event(self.cluster, plan):
                 plan.evicted = True
                 return True
             if time.monotonic() >= deadline:
@@ -476,40 +348,8 @@ class Run:
                     continue
                 self.samples += 1
                 self.check_running(name, {x.lease_id for x in node.leases})
-                memory = {d.uuid: d.memory_bytes for d in node.devices}
-                summed: Counter[str] = Counter()
-                for lease in node.leases:
-                    summed[lease.device_uuid] += lease.memory_bytes
-                for entry in node.ledger:
-                    total = memory.get(entry.device_uuid, 0)
-                    used = (
-                        max(entry.memory_committed_bytes, summed[entry.device_uuid])
-                        + entry.leases * rules.context_overhead_bytes
-                        + rules.reserve_bytes
-                    )
-                    if entry.leases and used > total:
-                        self.overcommit.append(f"{name}/{entry.device_uuid}: memory {used}")
-                    if entry.threads_committed_pct > rules.thread_budget_pct + 1e-6:
-                        self.overcommit.append(
-                            f"{name}/{entry.device_uuid}: threads {entry.threads_committed_pct}"
-                        )
-                    if entry.leases > rules.max_clients:
-                        self.overcommit.append(f"{name}/{entry.device_uuid}: {entry.leases}")
+                self.overcommit += ledger_problems(name, node, rules)
             await asyncio.sleep(self.args.sample_s)
-
-    def why_stuck(self, plan: PodPlan) -> str:
-        """What the API server and the kubelets show of a pod bound but never started."""
-        pod = self.cluster.api_server.pod(NAMESPACE, plan.name) or {}
-        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        kubelets = self.cluster.kubelets
-        seen = kubelets is not None and plan.uid in kubelets._seen
-        got = kubelets.got.get((NAMESPACE, plan.name, "main")) if kubelets else None
-        return (
-            f"{plan.name}: node {spec.get('nodeName')!r}, lease "
-            f"{(meta.get('annotations') or {}).get(LEASE_ANNOTATION)!r}, phase "
-            f"{(pod.get('status') or {}).get('phase')!r}, seen by its kubelet {seen}, "
-            f"allocation {getattr(got, 'failed_at', None)!r} {getattr(got, 'error', None)!r}"
-        )
 
     def check_running(self, node: str, live: set[str]) -> None:
         """Pods running on ``node`` whose lease is not live there: seen in two samples in a
@@ -521,15 +361,8 @@ class Run:
                 self.missing.pop(plan.name, None)
                 continue
             self.missing[plan.name] += 1
-            if self.missing[plan.name] >= 2 and not self.evicted_now(plan):
+            if self.missing[plan.name] >= 2 and not evicted_event(self.cluster, plan):
                 self.without_lease.add(plan.name)
-
-    def evicted_now(self, plan: PodPlan) -> bool:
-        events = self.cluster.api_server.events_for(plan.name, NAMESPACE)
-        return any(
-            e.get("reason") == "LeaseEvicted" and e["involvedObject"].get("uid") == plan.uid
-            for e in events
-        )
 
     async def progress(self) -> None:
         started = time.monotonic()
@@ -681,182 +514,8 @@ async def _unless_ended(beside: asyncio.Task[None], work: Any) -> None:
     doing.result()
 
 
-def part_of(command: list[str]) -> str:
-    """The benchmark's part a child process is, by its command line."""
-    if "kube" in command and "serve" in command:
-        return "cluster_side"
-    if "serve" in command:
-        return "agents"
-    if any(word.endswith("kube_scheduler_proc.py") for word in command):
-        return "scheduler"
-    return "other"
-
-
-def summarize(
-    bench: Run,
-    units: list[list[PodPlan]],
-    leases: list[tuple[str, str, str]],
-    left: list[str],
-    done_at: float,
-    load_before: tuple[float, float, float],
-) -> dict[str, Any]:
-    plans = [plan for unit in units for plan in unit]
-    leased_pods = {pod for _, pod, _ in leases if pod}
-    for plan in plans:
-        if f"{NAMESPACE}/{plan.name}" in leased_pods:
-            plan.outcome = plan.outcome or "lease never released"
-        if plan.name in left:
-            plan.outcome = plan.outcome or "stuck with the finalizer"
-    lost = [p for p in plans if p.outcome]
-    never_started = [
-        p for p in plans if p.bound.is_set() and p.outcome.startswith("not run") and not p.rejected
-    ]
-    gangs = [unit for unit in units if unit[0].gang]
-    partial = [u for u in gangs if 0 < sum(p.bound.is_set() for p in u) < len(u)]
-    bound = sum(p.bound.is_set() for p in plans)
-    span = max(bench.last_bind - bench.first_create, 1e-9)
-    cpu_s_all = bench.cpu_ms_per_pod.get("all", 0.0) * len(plans) / 1e3
-    scheduler = bench.scheduler
-    result: dict[str, Any] = {
-        "nodes": bench.args.nodes,
-        "injector": bench.args.injector,
-        "cpus": os.cpu_count(),
-        "load_avg_1m_before": round(load_before[0], 2),
-        "load_avg_1m_after": round(os.getloadavg()[0], 2),
-        "pods": len(plans),
-        "bound": bound,
-        "pods_per_s": round(bound / span, 1),
-        "all_done_s": round(done_at - bench.first_create, 1),
-        "bind_p50_ms": pct(scheduler.bind_ms, 0.5),
-        "bind_p99_ms": pct(scheduler.bind_ms, 0.99),
-        "admit_p50_ms": pct(bench.admit_ms, 0.5),
-        "admit_p99_ms": pct(bench.admit_ms, 0.99),
-        "admit_samples": len(bench.admit_ms),
-        "bind_refused": len(scheduler.refused_ms),
-        "bind_refusals": dict(scheduler.refusals.most_common(5)),
-        "gangs": len(gangs),
-        "gangs_partial": len(partial),
-        "endings": dict(Counter(p.ending for p in plans if not p.outcome and not p.evicted)),
-        "evicted": sum(p.evicted for p in plans),
-        "ledger_samples": bench.samples,
-        "leases_leaked": len(leases),
-        "leaked": [" ".join(x) for x in leases[:3]],
-        "wrong_lease_injections": len(bench.wrong),
-        "mismatches_refused": len(bench.refused),
-        "refused_why": [x[:200] for x in bench.refused[:3]],
-        "overcommit": len(bench.overcommit),
-        "running_without_lease": len(bench.without_lease),
-        "pods_never_started": len(never_started),
-        "rejected_agent_away": sum(p.rejected for p in plans),
-        "lost": len(lost),
-        "lost_why": dict(Counter(p.outcome for p in lost)),
-        "stuck_why": [x[:300] for x in bench.stuck[:3]],
-        # from the first create to the last pod gone; inline parts count as the harness
-        "cpu_ms_per_pod": bench.cpu_ms_per_pod,
-        "cores_busy": round(cpu_s_all / (done_at - bench.first_create), 2),
-    }
-    if bench.chaos is not None:
-        result["faults"] = bench.chaos.report()
-    result["targets"] = {
-        "correct": all(
-            result[k] == 0
-            for k in (
-                "leases_leaked",
-                "wrong_lease_injections",
-                "overcommit",
-                "running_without_lease",
-                "pods_never_started",
-                "lost",
-            )
-        ),
-        "bind_within_3x_admit": result["bind_p50_ms"] <= 3 * result["admit_p50_ms"],
-        "pods_per_s_at_least_50": result["pods_per_s"] >= 50,
-    }
-    running = sorted(bench.without_lease)
-    for line in (bench.wrong + bench.refused + bench.overcommit + running)[:10]:
-        print(f"finding: {line}", file=sys.stderr)
-    return result
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true", help="4 nodes, 200 pods")
-    parser.add_argument("--nodes", type=int, default=None, help="simulated nodes (16)")
-    parser.add_argument("--pods", type=int, default=None, help="pods created (2000)")
-    parser.add_argument("--gang-share", type=float, default=0.1, help="pods in gangs (0.1)")
-    parser.add_argument("--gang-size", type=int, default=4, help="members of a gang (4)")
-    parser.add_argument(
-        "--run-s",
-        type=lambda text: tuple(float(x) for x in text.split(",")),
-        default=(0.5, 3.0),
-        help="how long a pod runs, uniform between LOW,HIGH seconds (0.5,3)",
-    )
-    parser.add_argument("--window", type=int, default=64, help="pods waiting unbound at most")
-    parser.add_argument("--bind-deadline-s", type=float, default=120.0)
-    parser.add_argument("--probe-s", type=float, default=0.1, help="between Admit probes")
-    parser.add_argument("--sample-s", type=float, default=1.0, help="between ledger samples")
-    parser.add_argument(
-        "--cluster-side",
-        choices=("process", "inline"),
-        default="process",
-        help="gpushare kube serve as its own process (the default, as deployed), or in "
-        "the harness's process and event loop",
-    )
-    parser.add_argument(
-        "--injector",
-        choices=("device-plugin", "nri"),
-        default="device-plugin",
-        help="how a lease reaches its containers: the device plugin's Allocate (binds to "
-        "a node one at a time), or each node's runtime with NRI too (its agent registers "
-        "as an NRI plugin and binds go at once)",
-    )
-    parser.add_argument(
-        "--scheduling-cycles",
-        type=int,
-        default=16,
-        help="scheduling cycles (filter and prioritize) at once in the scheduler stand-in; "
-        "kube-scheduler runs 1, its binding cycles beside it (16)",
-    )
-    parser.add_argument(
-        "--scheduler",
-        choices=("inline", "process"),
-        default="inline",
-        help="the scheduler stand-in in the harness's event loop (the default), or in a "
-        "process of its own, as kube-scheduler runs",
-    )
-    parser.add_argument(
-        "--faults",
-        type=float,
-        default=0.0,
-        help="share of Bindings, pod patches and pod watches the API server answers with a "
-        "fault (0: none; see bench/faults.py)",
-    )
-    parser.add_argument("--kill-agents", type=int, default=0, help="agents SIGKILLed mid-bind (0)")
-    parser.add_argument(
-        "--end-watches-s",
-        type=float,
-        default=3.0,
-        help="with --faults: every watch is ended this often, and connects again (3)",
-    )
-    parser.add_argument("--kill-every-s", type=float, default=10.0, help="between kills (10)")
-    parser.add_argument(
-        "--restart-after-s", type=float, default=2.0, help="a killed agent starts again (2)"
-    )
-    parser.add_argument(
-        "--api-timeout-s",
-        type=float,
-        default=None,
-        help="gpushare kube serve's API request timeout (its default 30; 3 with --faults)",
-    )
-    parser.add_argument("--progress-s", type=float, default=5.0)
-    parser.add_argument("--webhook", action="store_true", help="create through the webhook")
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
-    size = SMALL if args.small else FULL
-    args.nodes = args.nodes or size["nodes"]
-    args.pods = args.pods or size["pods"]
-    if args.api_timeout_s is None:
-        args.api_timeout_s = 3.0 if args.faults else 30.0
+    args = parse_args(__doc__.splitlines()[0])
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     with short_dir() as root:
         result = asyncio.run(run(args, root))
@@ -864,6 +523,10 @@ def main() -> None:
     for key, value in result.items():
         print(f"{key:<24} {value}")
     print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
 
 
 if __name__ == "__main__":
