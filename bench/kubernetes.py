@@ -1,5 +1,5 @@
 """Kubernetes end to end at scale: pods created, bound, run and deleted on a cluster on
-loopback (tests/kube/cluster.py), with the real agents deciding.
+loopback (tests/kubeworld/cluster/), with the real agents deciding.
 
 Every node is a real ``gpushare serve --sim`` process (4 simulated 80 GiB GPUs) on its own
 loopback address, its device plugin registered with a test kubelet that speaks the real

@@ -4,7 +4,7 @@ where Helm talks to a cluster runs for real: ``lookup`` (the upgrade guard's liv
 DaemonSet, the token and certificates read back), ``.Release.IsUpgrade`` and Helm's
 ownership checks.
 
-The project's API stand-in (tests/kube/apiserver.py) serves the resources the agent and the
+The project's API stand-in (tests/kubeworld/apiserver/) serves the resources the agent and the
 cluster side use, not discovery, Secrets or DaemonSets, so this one is its own, serving
 exactly what Helm asks for (cert-manager's kinds too, as though it were installed):
 

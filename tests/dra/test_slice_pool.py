@@ -2,7 +2,7 @@
 against the API stand-in: every slice of the pool names the same generation and the number
 of slices, a change moves the whole pool to a new generation, extra slices go, and whatever
 the writes' outcomes the API ends with one complete pool (what the scheduler needs to use
-any device of it: tests/dra/allocator.py, R1)."""
+any device of it: tests/kubeworld/scheduler/allocator.py, R1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The kubelet's allocations across an agent killed with SIGKILL and started again, on the
-loopback cluster (tests/kube/cluster.py): a running pod's lease is never handed to the
+loopback cluster (tests/kubeworld/cluster/): a running pod's lease is never handed to the
 next pod after the restart, and a pod whose Binding lands while its agent is away is
 rejected by the kubelet as a real kubelet rejects it (Failed, UnexpectedAdmissionError,
 no retry), its lease released, instead of staying Pending under a live lease."""

@@ -1,4 +1,4 @@
-"""A pod's whole way on a cluster on loopback (tests/kube/cluster.py): the webhook, the
+"""A pod's whole way on a cluster on loopback (tests/kubeworld/cluster/): the webhook, the
 second scheduler with the extender, the bind through the node's agent, the kubelet's
 Allocate answered by the agent's device plugin, and the controller giving the lease back
 when the pod ends. Real agents (``gpushare serve --sim``) stand for the GPU nodes."""

@@ -1,4 +1,4 @@
-"""The Kubernetes flow when a part dies at the worst moment (tests/kube/cluster.py): an
+"""The Kubernetes flow when a part dies at the worst moment (tests/kubeworld/cluster/): an
 agent killed during a bind, the cluster side killed mid-bind, the controller's pod watch
 expired (410), a Binding that landed though its answer said otherwise. The API server's
 write of the bind is held open to choose the moment, or answered with a fault."""

@@ -1,6 +1,6 @@
 """The share's user on the extender path: the extender decides with the pod's UID (its
 ``runAsUser``) and refuses a share pod that does not state one, the binder sends it to the
-agent, and on a cluster on loopback (tests/kube/cluster.py, real agents) two pods of
+agent, and on a cluster on loopback (tests/kubeworld/cluster/, real agents) two pods of
 different users never share one GPU's MPS server at once, while two of one user do."""
 
 from __future__ import annotations
