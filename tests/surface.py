@@ -5,14 +5,20 @@ folder, a fence) must leave it byte-identical; a change of behaviour shows here,
 
     python -m tests.surface            # rewrite tests/data/surface.json
     python -m tests.surface --check    # exit 1, with the keys that differ, where stale
+    python -m tests.surface --print    # print it
+
+Read in a process of its own with a plain environment (``fresh``): help texts show
+defaults that the environment and other code in the process can change.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,6 +131,23 @@ def render() -> str:
     return json.dumps(surface(), indent=1, sort_keys=True) + "\n"
 
 
+def fresh() -> dict[str, Any]:
+    """The surface as a new process with a plain environment reads it."""
+    plain = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    plain["HOME"] = os.environ.get("HOME", "/root")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.surface", "--print"],
+        cwd=REPO,
+        env=plain,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The parts (``help:gpushare kube``, ``settings``, ...) that differ."""
     found = []
@@ -138,15 +161,18 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    fresh = render()
+    if "--print" in argv:
+        sys.stdout.write(render())
+        return 0
+    now = json.dumps(fresh(), indent=1, sort_keys=True) + "\n"
     if "--check" in argv:
         old = json.loads(SNAPSHOT.read_text()) if SNAPSHOT.exists() else {}
-        changed = differences(old, json.loads(fresh))
+        changed = differences(old, json.loads(now))
         if changed:
             print("the agent's surface changed: " + ", ".join(changed))
             return 1
         return 0
-    SNAPSHOT.write_text(fresh)
+    SNAPSHOT.write_text(now)
     return 0
 
 

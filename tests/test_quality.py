@@ -138,9 +138,9 @@ def test_the_agents_surface_is_as_recorded() -> None:
     move code only leaves them as they were; a change of behaviour records them anew."""
     import json
 
-    from tests.surface import SNAPSHOT, differences, surface
+    from tests.surface import SNAPSHOT, differences, fresh
 
-    changed = differences(json.loads(SNAPSHOT.read_text()), json.loads(json.dumps(surface())))
+    changed = differences(json.loads(SNAPSHOT.read_text()), fresh())
     assert not changed, (
         f"the agent's surface changed ({', '.join(changed)}): if that is meant, "
         "python -m tests.surface, and say so in CHANGELOG.md"
