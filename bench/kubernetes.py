@@ -102,7 +102,6 @@ from bench.kubernetes_checks import evicted_event, injection_problem, ledger_pro
 from bench.kubernetes_figures import TimedScheduler, part_of, pct, summarize  # noqa: E402
 from bench.kubernetes_plan import AGENT_ARGS, GIB, NAMESPACE, PodPlan, parse_args, plan_pods  # noqa: E402
 from tests.helpers import short_dir  # noqa: E402
-from tests.kubelet.fake_kubelet import AdmissionRejected  # noqa: E402
 from tests.kubeworld.apiserver import ApiError, Obj  # noqa: E402
 from tests.kubeworld.cluster.device_plugin import (  # noqa: E402
     SHARE,
@@ -111,6 +110,7 @@ from tests.kubeworld.cluster.device_plugin import (  # noqa: E402
     loopback_cluster,
     wait_agent,
 )
+from tests.kubeworld.kubelet.device_plugin import AdmissionRejected  # noqa: E402
 
 
 @dataclass

@@ -13,13 +13,13 @@ import pytest
 
 from tests.kube.test_end_to_end import live_leases, running
 from tests.kube.test_end_to_end_faults import BINDING, lease_of_pod
-from tests.kubelet.fake_kubelet import AdmissionRejected, Outcome
 from tests.kubeworld.cluster.device_plugin import (
     LoopbackCluster,
     eventually,
     gpu_pod,
     loopback_cluster,
 )
+from tests.kubeworld.kubelet.device_plugin import AdmissionRejected, Outcome
 
 pytestmark = pytest.mark.timeout(240)
 

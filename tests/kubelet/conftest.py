@@ -10,8 +10,8 @@ import pytest
 
 from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginServer
 from tests.helpers import short_dir
-from tests.kubelet.fake_kubelet import FakeKubelet, eventually
 from tests.kubelet.recording import RecordingAllocator
+from tests.kubeworld.kubelet.device_plugin import FakeKubelet, eventually
 
 
 @pytest.fixture

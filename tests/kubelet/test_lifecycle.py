@@ -12,8 +12,8 @@ import pytest
 
 from agent.kubelet.sockets import file_id
 from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginError, DevicePluginServer
-from tests.kubelet.fake_kubelet import HEALTHY, UNHEALTHY, FakeKubelet, eventually
 from tests.kubelet.recording import RecordingAllocator
+from tests.kubeworld.kubelet.device_plugin import HEALTHY, UNHEALTHY, FakeKubelet, eventually
 
 IDS = ["share-0", "share-1", "share-2", "share-3"]
 

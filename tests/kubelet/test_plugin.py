@@ -11,8 +11,8 @@ import grpc.aio
 from agent.legacy.deviceplugin.kubelet.plugin import DevicePluginServer
 from agent.legacy.deviceplugin.kubelet.proto import deviceplugin_pb2 as dp
 from agent.legacy.deviceplugin.kubelet.proto import deviceplugin_pb2_grpc as dp_grpc
-from tests.kubelet.fake_kubelet import HEALTHY, FakeKubelet
 from tests.kubelet.recording import RecordingAllocator
+from tests.kubeworld.kubelet.device_plugin import HEALTHY, FakeKubelet
 
 
 async def test_registers_with_the_kubelet_as_the_api_asks(

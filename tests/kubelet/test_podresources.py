@@ -12,8 +12,8 @@ from agent.legacy.deviceplugin.kubelet.podresources import (
     PodResourcesClient,
     PodResourcesError,
 )
-from tests.kubelet.fake_kubelet import FakeKubelet
 from tests.kubelet.recording import RecordingAllocator
+from tests.kubeworld.kubelet.device_plugin import FakeKubelet
 
 
 async def test_list_reports_what_the_kubelet_assigned(

@@ -17,7 +17,7 @@ from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import App, Ports
 from tests.helpers import running_app, sim_settings
 from tests.integration.api.test_pod_allocation import admit
-from tests.kubelet.fake_kubelet import FakeKubelet, eventually
+from tests.kubeworld.kubelet.device_plugin import FakeKubelet, eventually
 from tests.nri.runtime import FakeNriRuntime
 
 

@@ -19,7 +19,7 @@ from agent.gpu.fake import FakeGpuBackend, FakeTelemetrySource
 from agent.mps.fake import FakeMpsManager
 from agent.runtime.app import App, Ports
 from tests.helpers import FakeClock, running_app, short_dir, sim_settings
-from tests.kubelet.fake_kubelet import FakeKubelet, eventually
+from tests.kubeworld.kubelet.device_plugin import FakeKubelet, eventually
 
 SLOTS = 8
 HOLD_S = 30.0

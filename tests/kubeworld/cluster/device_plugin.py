@@ -42,13 +42,13 @@ from agent.legacy.deviceplugin.nri.wire import TtrpcError
 from tests.agentproc import AgentProcess
 from tests.certs import Pki, make_pki, make_token
 from tests.helpers import agent_command, subprocess_env
-from tests.kubelet.fake_kubelet import FakeKubelet, FakeKubeletError, Outcome
 from tests.kubeworld.apiserver import FakeApiServer, Obj, json_patch, pod_manifest
 from tests.kubeworld.cluster.common import (
     eventually,  # noqa: F401 (this path's tests wait with it)
     node_settings,
     set_flags,
 )
+from tests.kubeworld.kubelet.device_plugin import FakeKubelet, FakeKubeletError, Outcome
 from tests.kubeworld.scheduler import SchedulerStandIn
 from tests.nri.runtime import FakeNriRuntime
 

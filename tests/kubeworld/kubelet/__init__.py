@@ -1,7 +1,6 @@
 """The kubelet stand-ins, one per path: :mod:`.dra` (the kubelet's DRA side: plugin
-registration, health, NodePrepareResources / NodeUnprepareResources, pods run through CDI).
-The device-plugin path's kubelet stays in ``tests/kubelet/fake_kubelet.py``, beside the
-tests of the agent's device plugin that drive it."""
+registration, health, NodePrepareResources / NodeUnprepareResources, pods run through CDI)
+and :mod:`.device_plugin` (the device-plugin and pod-resources APIs)."""
 
 from __future__ import annotations
 
