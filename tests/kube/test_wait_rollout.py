@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import subprocess_env
 from tests.kubeworld.apiserver import FakeApiServer
 
@@ -224,3 +226,71 @@ async def test_delete_first_waits_out_passing_api_errors(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("cannot delete it (503 ServiceUnavailable") == 2
     assert left == {DS}
+
+
+# Every outcome of the one write the Job makes, the agents' DaemonSet's DELETE, as a row:
+# (fault on the DELETE, what the Job says of it). The API timeout is 1 s here so that a
+# hanging request costs little; each row ends with the agents gone and the wait done.
+DELETE_OUTCOMES = {
+    "done": ({}, ["deleted (its pods go after it)"]),
+    "failed, not done (503), tried again": (
+        {"status": 503, "reason": "ServiceUnavailable"},
+        ["cannot delete it (503 ServiceUnavailable", "deleted (its pods go after it)"],
+    ),
+    "failed but done (503 after it landed)": (
+        {"status": 503, "reason": "ServiceUnavailable", "landed": True},
+        ["cannot delete it (503 ServiceUnavailable", "gone already"],
+    ),
+    "the answer lost (connection broken after it landed)": (
+        {"status": 0, "landed": True, "times": 2},
+        ["gone already"],
+    ),
+    "timed out, not done": ({"hang": True}, ["cannot delete it", "deleted (its pods go"]),
+    "timed out, done": ({"hang": True, "landed": True}, ["cannot delete it", "gone already"]),
+}
+
+
+@pytest.mark.parametrize("outcome", list(DELETE_OUTCOMES))
+async def test_every_outcome_of_the_delete_ends_with_the_agents_gone(
+    outcome: str, tmp_path: Path
+) -> None:
+    fault, said = DELETE_OUTCOMES[outcome]
+    async with FakeApiServer(token=TOKEN) as api:
+        api.put_object("daemonsets", daemon_set(1, 1))
+        api.put_object("daemonsets", agents_daemon_set())
+        if fault:
+            api.fail_next("DELETE", "/daemonsets/", **fault)
+        done = await wait(
+            api, tmp_path, 20.0, "--delete-first", f"daemonset/{AGENTS}", "--api-timeout-s", "1"
+        )
+        left = {name for _, name in api.objects["daemonsets"]}
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert left == {DS}
+    lines = [line for line in done.stdout.splitlines() if line.startswith(f"daemonset/{AGENTS}")]
+    for words in said:  # in this order
+        at = next((i for i, line in enumerate(lines) if words in line), None)
+        assert at is not None, (words, done.stdout)
+        lines = lines[at + 1 :]
+    assert done.stdout.splitlines()[-1] == f"daemonset/{DS}: 1/1 pods ready: done"
+
+
+async def test_a_delete_failing_every_time_fails_the_job_and_says_why(tmp_path: Path) -> None:
+    async with FakeApiServer(token=TOKEN) as api:
+        api.put_object("daemonsets", daemon_set(1, 1))
+        api.put_object("daemonsets", agents_daemon_set())
+        api.fail_next("DELETE", "/daemonsets/", 503, reason="ServiceUnavailable", times=9)
+        done = await wait(api, tmp_path, 20.0, "--delete-first", f"daemonset/{AGENTS}")
+        methods = [method for method, _, _ in api.log]
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert methods == ["DELETE"] * 5  # five tries, then no wait: the agents may still run
+    assert "503 ServiceUnavailable" in done.stderr
+
+
+async def test_a_read_that_times_out_is_waited_out(tmp_path: Path) -> None:
+    async with FakeApiServer(token=TOKEN) as api:
+        api.put_object("daemonsets", daemon_set(1, 1))
+        api.fail_next("GET", "/daemonsets/", hang=True)
+        done = await wait(api, tmp_path, 20.0, "--api-timeout-s", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cannot read it" in done.stdout
+    assert done.stdout.splitlines()[-1] == f"daemonset/{DS}: 1/1 pods ready: done"
