@@ -24,8 +24,8 @@ reaches it; else the lowest whose held-out precision does).
 - **Nothing reaches the precision**: the learned estimate that came closest, and the
   choice says so.
 
-``nested`` runs the same choice without each group in turn (an outer loop) and applies it
-to that group: the figures ``bench/estimator.py --gate`` prints (``study``).
+``study`` judges the whole of training (this choice included) on families it never saw:
+the figures ``bench/estimator.py --gate`` prints.
 """
 
 from __future__ import annotations
@@ -282,44 +282,3 @@ def robust_threshold(
     if at is None:
         at = max(range(len(found)), key=lambda i: found[i][1].precision or -1.0)
     return threshold_for(score, good, found[at][0])[0]
-
-
-def nested(
-    candidates: Sequence[Candidate],
-    truth: FloatArray,
-    labels: npt.NDArray[Any],
-    families: npt.NDArray[Any],
-    floor: float,
-    precision: float,
-    report: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The gate (and each of ``report``) chosen without each group of ``labels`` in turn
-    and applied to it, its threshold chosen in the same inner loop: pooled precision and
-    recall over ``families``, the worst fifth of families' precision, and what was chosen
-    how often."""
-    good = truth >= floor
-    by_name = {c.name: c for c in candidates}
-    tables: dict[str, dict[str, tuple[int, int, int]]] = {n: {} for n in ("gate", *report)}
-    picked: dict[str, int] = {}
-    for group in np.unique(labels):
-        inside, others = labels == group, labels != group
-        inner = [Candidate(c.name, c.mean[others], c.spread[others], c.order) for c in candidates]
-        choice = choose(inner, truth[others], families[others], labels[others], floor, precision)
-        picked[choice.name] = picked.get(choice.name, 0) + 1
-        for key, name in (("gate", choice.name), *((n, n) for n in report)):
-            score = by_name[name].score(floor)
-            threshold = robust_threshold(
-                score[others], good[others], families[others], labels[others], precision
-            )
-            taken = score >= threshold if threshold is not None else np.zeros(score.shape, bool)
-            for family in np.unique(families[inside]):
-                at = inside & (families == family)
-                g = good[at]
-                tables[key][str(family)] = (
-                    int((taken[at] & g).sum()),
-                    int((taken[at] & ~g).sum()),
-                    int(g.sum()),
-                )
-    result: dict[str, Any] = {k: judge(t).to_json() for k, t in tables.items()}
-    result["picked"] = picked
-    return result

@@ -9,8 +9,9 @@ loaded and asked about the held-out records through the gate's own path
 (``RetentionModel.admits``). Each applicable one-line rule and the monotone base are scored
 the same way: fitted on the other records, their limits chosen on those records'
 out-of-family estimates (``selection.robust_threshold``). Nothing of a held-out group, its
-labels or its records, reaches what judges it; only the grouping itself is drawn over all
-the records (from their counters, so that near twins fall into one fold).
+labels or its records, reaches what judges it; only the grouping into folds is drawn over all
+the records (their counters, weighted by a forest fitted on every record's retention), so
+that near twins fall into one fold.
 """
 
 from __future__ import annotations

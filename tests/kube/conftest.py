@@ -1,6 +1,7 @@
 """Fixtures shared by the cluster side's tests: the admission webhook served over HTTP on
-loopback (tests/kube/webhook_reviews.py), and the extender and the webhook served on a
-thread of their own for the fuzz (tests/kube/http_fuzz_servers.py)."""
+loopback (tests/kube/webhook_reviews.py), the extender and the webhook served on a thread
+of their own for the fuzz (tests/kube/http_fuzz_servers.py), and the API server stand-in
+with the agent's REST adapter on it (the adapter's tests; a module may define its own)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,28 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from agent.kubeapi.rest import RestKubeApi
 from agent.legacy.cluster.webhook import build_webhook_app
 from tests.kube.http_fuzz_servers import Servers, warm_up
 from tests.kube.webhook_reviews import Webhook, served
+from tests.kubeworld.apiserver import FakeApiServer
+
+ADAPTER_TOKEN = "adapter-test-token"
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(token=ADAPTER_TOKEN, history=100) as server:
+        yield server
+
+
+@pytest.fixture
+async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
+    adapter = RestKubeApi.from_url(api.url, token=ADAPTER_TOKEN, timeout_s=5.0)
+    try:
+        yield adapter
+    finally:
+        await adapter.aclose()
 
 
 @pytest.fixture

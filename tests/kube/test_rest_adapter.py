@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import socket
 import ssl
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,21 +31,6 @@ TOKEN = "adapter-test-token"
 NS = "team-a"
 FINALIZER = "gpushare.io/lease"
 MINE = "spec.schedulerName=gpushare"
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer(token=TOKEN, history=100) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
-    adapter = RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=5.0)
-    try:
-        yield adapter
-    finally:
-        await adapter.aclose()
 
 
 @pytest.mark.parametrize(("port", "count"), [(KubeApi, 14), (ResourceApi, 11)])

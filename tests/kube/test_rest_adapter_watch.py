@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -25,21 +25,6 @@ TOKEN = "adapter-test-token"
 NS = "team-a"
 FINALIZER = "gpushare.io/lease"
 MINE = "spec.schedulerName=gpushare"
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[FakeApiServer]:
-    async with FakeApiServer(token=TOKEN, history=100) as server:
-        yield server
-
-
-@pytest.fixture
-async def kube(api: FakeApiServer) -> AsyncIterator[RestKubeApi]:
-    adapter = RestKubeApi.from_url(api.url, token=TOKEN, timeout_s=5.0)
-    try:
-        yield adapter
-    finally:
-        await adapter.aclose()
 
 
 async def collect(
